@@ -1,0 +1,599 @@
+//! RoCEv2 header layouts, opcode table and constants shared by the XDP program
+//! (`rdma-ebpf`) and userspace (`rdma-user`).
+//!
+//! Every header is `#[repr(C)]` with byte-array fields only, so its alignment is 1:
+//! a view can be taken at any offset of a frame (VLAN tags and IPv4 options shift
+//! everything by amounts that are not multiples of 4), both with `bytemuck` in
+//! userspace and with a plain pointer cast in the verifier-checked XDP program.
+//! Multi-byte fields are big-endian on the wire; accessors convert.
+#![no_std]
+
+use bytemuck::{Pod, Zeroable};
+
+/// IANA-assigned UDP destination port of RoCEv2.
+pub const ROCE_V2_UDP_PORT: u16 = 4791;
+/// Lowest UDP source port RoCEv2 may use (IB spec A17.2.3: 0xC000..=0xFFFF).
+pub const ROCE_V2_SPORT_MIN: u16 = 0xc000;
+pub const ETH_P_IPV4: u16 = 0x0800;
+pub const ETH_P_IPV6: u16 = 0x86dd;
+pub const ETH_P_8021Q: u16 = 0x8100;
+pub const ETH_P_8021AD: u16 = 0x88a8;
+pub const IPPROTO_UDP: u8 = 17;
+/// Invariant CRC trailer of every RoCEv2 packet.
+pub const ICRC_LEN: usize = 4;
+/// Default partition key; rxe and rdma-core use it unless told otherwise.
+pub const DEFAULT_PKEY: u16 = 0xffff;
+/// The 24-bit PSN / QPN / MSN space.
+pub const MASK_24: u32 = 0x00ff_ffff;
+
+macro_rules! be_field {
+    ($get:ident, $set:ident, $field:ident, u16) => {
+        #[inline(always)]
+        pub fn $get(&self) -> u16 {
+            u16::from_be_bytes(self.$field)
+        }
+        #[inline(always)]
+        pub fn $set(&mut self, v: u16) {
+            self.$field = v.to_be_bytes();
+        }
+    };
+    ($get:ident, $set:ident, $field:ident, u32) => {
+        #[inline(always)]
+        pub fn $get(&self) -> u32 {
+            u32::from_be_bytes(self.$field)
+        }
+        #[inline(always)]
+        pub fn $set(&mut self, v: u32) {
+            self.$field = v.to_be_bytes();
+        }
+    };
+    ($get:ident, $set:ident, $field:ident, u64) => {
+        #[inline(always)]
+        pub fn $get(&self) -> u64 {
+            u64::from_be_bytes(self.$field)
+        }
+        #[inline(always)]
+        pub fn $set(&mut self, v: u64) {
+            self.$field = v.to_be_bytes();
+        }
+    };
+    ($get:ident, $set:ident, $field:ident, u24) => {
+        #[inline(always)]
+        pub fn $get(&self) -> u32 {
+            let b = self.$field;
+            ((b[0] as u32) << 16) | ((b[1] as u32) << 8) | b[2] as u32
+        }
+        #[inline(always)]
+        pub fn $set(&mut self, v: u32) {
+            self.$field = [(v >> 16) as u8, (v >> 8) as u8, v as u8];
+        }
+    };
+}
+
+/// Ethernet II header.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct EthHdr {
+    pub dst: [u8; 6],
+    pub src: [u8; 6],
+    pub ethertype: [u8; 2],
+}
+impl EthHdr {
+    pub const LEN: usize = 14;
+    be_field!(ethertype, set_ethertype, ethertype, u16);
+}
+
+/// 802.1Q tag as it follows the MAC addresses (TCI, then the inner ethertype).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct VlanHdr {
+    pub tci: [u8; 2],
+    pub ethertype: [u8; 2],
+}
+impl VlanHdr {
+    pub const LEN: usize = 4;
+    be_field!(tci, set_tci, tci, u16);
+    be_field!(ethertype, set_ethertype, ethertype, u16);
+}
+
+/// IPv4 header without options (options follow when IHL > 5).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Ipv4Hdr {
+    pub version_ihl: u8,
+    pub tos: u8,
+    pub total_len: [u8; 2],
+    pub id: [u8; 2],
+    pub frag_off: [u8; 2],
+    pub ttl: u8,
+    pub protocol: u8,
+    pub checksum: [u8; 2],
+    pub src: [u8; 4],
+    pub dst: [u8; 4],
+}
+impl Ipv4Hdr {
+    pub const LEN: usize = 20;
+    pub const FLAG_DF: u16 = 0x4000;
+    pub const FLAG_MF: u16 = 0x2000;
+    pub const OFFSET_MASK: u16 = 0x1fff;
+    be_field!(total_len, set_total_len, total_len, u16);
+    be_field!(id, set_id, id, u16);
+    be_field!(frag_off, set_frag_off, frag_off, u16);
+    be_field!(checksum, set_checksum, checksum, u16);
+    #[inline(always)]
+    pub fn version(&self) -> u8 {
+        self.version_ihl >> 4
+    }
+    /// Header length in bytes, options included.
+    #[inline(always)]
+    pub fn header_len(&self) -> usize {
+        ((self.version_ihl & 0x0f) as usize) * 4
+    }
+}
+
+/// IPv6 fixed header.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Ipv6Hdr {
+    pub ver_tc_flow: [u8; 4],
+    pub payload_len: [u8; 2],
+    pub next_header: u8,
+    pub hop_limit: u8,
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+}
+impl Ipv6Hdr {
+    pub const LEN: usize = 40;
+    be_field!(ver_tc_flow, set_ver_tc_flow, ver_tc_flow, u32);
+    be_field!(payload_len, set_payload_len, payload_len, u16);
+    #[inline(always)]
+    pub fn version(&self) -> u8 {
+        self.ver_tc_flow[0] >> 4
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct UdpHdr {
+    pub src_port: [u8; 2],
+    pub dst_port: [u8; 2],
+    pub len: [u8; 2],
+    pub checksum: [u8; 2],
+}
+impl UdpHdr {
+    pub const LEN: usize = 8;
+    be_field!(src_port, set_src_port, src_port, u16);
+    be_field!(dst_port, set_dst_port, dst_port, u16);
+    be_field!(len, set_len, len, u16);
+    be_field!(checksum, set_checksum, checksum, u16);
+}
+
+/// Base Transport Header (IBA 9.2).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Bth {
+    pub opcode: u8,
+    /// SE (bit 7), MigReq (bit 6), PadCnt (bits 5..4), TVer (bits 3..0).
+    pub flags: u8,
+    pub pkey: [u8; 2],
+    /// Reserved on RoCE (F/B bits on IB); masked out of the ICRC.
+    pub resv8a: u8,
+    pub dest_qpn: [u8; 3],
+    /// AckReq (bit 7), reserved bits 6..0.
+    pub ack_req: u8,
+    pub psn: [u8; 3],
+}
+impl Bth {
+    pub const LEN: usize = 12;
+    pub const SE: u8 = 0x80;
+    pub const MIG_REQ: u8 = 0x40;
+    pub const ACK_REQ: u8 = 0x80;
+    be_field!(pkey, set_pkey, pkey, u16);
+    be_field!(dest_qpn, set_dest_qpn, dest_qpn, u24);
+    be_field!(psn, set_psn, psn, u24);
+    #[inline(always)]
+    pub fn pad_count(&self) -> u8 {
+        (self.flags >> 4) & 0x3
+    }
+    #[inline(always)]
+    pub fn tver(&self) -> u8 {
+        self.flags & 0x0f
+    }
+}
+
+/// RDMA Extended Transport Header.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Reth {
+    pub va: [u8; 8],
+    pub rkey: [u8; 4],
+    pub dma_len: [u8; 4],
+}
+impl Reth {
+    pub const LEN: usize = 16;
+    be_field!(va, set_va, va, u64);
+    be_field!(rkey, set_rkey, rkey, u32);
+    be_field!(dma_len, set_dma_len, dma_len, u32);
+}
+
+/// ACK Extended Transport Header.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Aeth {
+    pub syndrome: u8,
+    pub msn: [u8; 3],
+}
+impl Aeth {
+    pub const LEN: usize = 4;
+    be_field!(msn, set_msn, msn, u24);
+}
+
+/// Atomic Extended Transport Header (CMP_SWAP / FETCH_ADD requests).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct AtomicEth {
+    pub va: [u8; 8],
+    pub rkey: [u8; 4],
+    pub swap_add: [u8; 8],
+    pub compare: [u8; 8],
+}
+impl AtomicEth {
+    pub const LEN: usize = 28;
+    be_field!(va, set_va, va, u64);
+    be_field!(rkey, set_rkey, rkey, u32);
+    be_field!(swap_add, set_swap_add, swap_add, u64);
+    be_field!(compare, set_compare, compare, u64);
+}
+
+/// Atomic ACK Extended Transport Header: the value found before the operation.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct AtomicAckEth {
+    pub orig: [u8; 8],
+}
+impl AtomicAckEth {
+    pub const LEN: usize = 8;
+    be_field!(orig, set_orig, orig, u64);
+}
+
+/// Immediate data.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct ImmDt {
+    pub imm: [u8; 4],
+}
+impl ImmDt {
+    pub const LEN: usize = 4;
+    be_field!(imm, set_imm, imm, u32);
+}
+
+/// Invalidate Extended Transport Header.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Ieth {
+    pub rkey: [u8; 4],
+}
+impl Ieth {
+    pub const LEN: usize = 4;
+    be_field!(rkey, set_rkey, rkey, u32);
+}
+
+/// Datagram Extended Transport Header (UD).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Deth {
+    pub qkey: [u8; 4],
+    pub resv: u8,
+    pub src_qpn: [u8; 3],
+}
+impl Deth {
+    pub const LEN: usize = 8;
+    be_field!(qkey, set_qkey, qkey, u32);
+    be_field!(src_qpn, set_src_qpn, src_qpn, u24);
+}
+
+/// The 16 reserved bytes that follow the BTH of a RoCEv2 CNP (Annex A17.9.3).
+pub const CNP_RESERVED_LEN: usize = 16;
+
+/// IBA opcodes. Bits 7..5 select the transport, bits 4..0 the operation.
+pub mod opcode {
+    pub const RC_SEND_FIRST: u8 = 0x00;
+    pub const RC_SEND_MIDDLE: u8 = 0x01;
+    pub const RC_SEND_LAST: u8 = 0x02;
+    pub const RC_SEND_LAST_WITH_IMMEDIATE: u8 = 0x03;
+    pub const RC_SEND_ONLY: u8 = 0x04;
+    pub const RC_SEND_ONLY_WITH_IMMEDIATE: u8 = 0x05;
+    pub const RC_RDMA_WRITE_FIRST: u8 = 0x06;
+    pub const RC_RDMA_WRITE_MIDDLE: u8 = 0x07;
+    pub const RC_RDMA_WRITE_LAST: u8 = 0x08;
+    pub const RC_RDMA_WRITE_LAST_WITH_IMMEDIATE: u8 = 0x09;
+    pub const RC_RDMA_WRITE_ONLY: u8 = 0x0a;
+    pub const RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE: u8 = 0x0b;
+    pub const RC_RDMA_READ_REQUEST: u8 = 0x0c;
+    pub const RC_RDMA_READ_RESPONSE_FIRST: u8 = 0x0d;
+    pub const RC_RDMA_READ_RESPONSE_MIDDLE: u8 = 0x0e;
+    pub const RC_RDMA_READ_RESPONSE_LAST: u8 = 0x0f;
+    pub const RC_RDMA_READ_RESPONSE_ONLY: u8 = 0x10;
+    pub const RC_ACKNOWLEDGE: u8 = 0x11;
+    pub const RC_ATOMIC_ACKNOWLEDGE: u8 = 0x12;
+    pub const RC_COMPARE_SWAP: u8 = 0x13;
+    pub const RC_FETCH_ADD: u8 = 0x14;
+    pub const RC_SEND_LAST_WITH_INVALIDATE: u8 = 0x16;
+    pub const RC_SEND_ONLY_WITH_INVALIDATE: u8 = 0x17;
+
+    pub const UC_SEND_FIRST: u8 = 0x20;
+    pub const UC_SEND_MIDDLE: u8 = 0x21;
+    pub const UC_SEND_LAST: u8 = 0x22;
+    pub const UC_SEND_LAST_WITH_IMMEDIATE: u8 = 0x23;
+    pub const UC_SEND_ONLY: u8 = 0x24;
+    pub const UC_SEND_ONLY_WITH_IMMEDIATE: u8 = 0x25;
+    pub const UC_RDMA_WRITE_FIRST: u8 = 0x26;
+    pub const UC_RDMA_WRITE_MIDDLE: u8 = 0x27;
+    pub const UC_RDMA_WRITE_LAST: u8 = 0x28;
+    pub const UC_RDMA_WRITE_LAST_WITH_IMMEDIATE: u8 = 0x29;
+    pub const UC_RDMA_WRITE_ONLY: u8 = 0x2a;
+    pub const UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE: u8 = 0x2b;
+
+    pub const UD_SEND_ONLY: u8 = 0x64;
+    pub const UD_SEND_ONLY_WITH_IMMEDIATE: u8 = 0x65;
+
+    /// RoCEv2 Congestion Notification Packet.
+    pub const CNP: u8 = 0x81;
+}
+
+/// Bit flags describing an opcode: which extension headers follow the BTH (in
+/// wire order RETH/AtomicETH/DETH ... AETH, AtomicAckETH, ImmDt/IETH), whether
+/// a payload may follow, its place in a message and its kind.
+pub mod op {
+    pub const RETH: u32 = 1 << 0;
+    pub const AETH: u32 = 1 << 1;
+    pub const ATOMIC_ETH: u32 = 1 << 2;
+    pub const ATOMIC_ACK_ETH: u32 = 1 << 3;
+    pub const IMM: u32 = 1 << 4;
+    pub const IETH: u32 = 1 << 5;
+    pub const DETH: u32 = 1 << 6;
+    pub const CNP_RESERVED: u32 = 1 << 7;
+    pub const PAYLOAD: u32 = 1 << 8;
+    pub const FIRST: u32 = 1 << 9;
+    pub const MIDDLE: u32 = 1 << 10;
+    pub const LAST: u32 = 1 << 11;
+    pub const ONLY: u32 = FIRST | LAST;
+    pub const SEND: u32 = 1 << 12;
+    pub const WRITE: u32 = 1 << 13;
+    pub const READ_REQUEST: u32 = 1 << 14;
+    pub const READ_RESPONSE: u32 = 1 << 15;
+    pub const ACK: u32 = 1 << 16;
+    pub const ATOMIC_ACK: u32 = 1 << 17;
+    pub const ATOMIC: u32 = 1 << 18;
+    pub const CNP: u32 = 1 << 19;
+    /// Sent by a requester (as opposed to a responder's ACK or READ response).
+    pub const REQUEST: u32 = 1 << 20;
+}
+
+/// Flags of an opcode, or 0 for an opcode this stack does not know (RD, XRC,
+/// reserved values): such packets are dropped.
+#[inline(always)]
+pub const fn opcode_flags(opc: u8) -> u32 {
+    use op::*;
+    const SND: u32 = SEND | PAYLOAD | REQUEST;
+    const WR: u32 = WRITE | PAYLOAD | REQUEST;
+    const RR: u32 = READ_RESPONSE | PAYLOAD;
+    let base = match opc & 0x1f {
+        0x00 => SND | FIRST,
+        0x01 => SND | MIDDLE,
+        0x02 => SND | LAST,
+        0x03 => SND | LAST | IMM,
+        0x04 => SND | ONLY,
+        0x05 => SND | ONLY | IMM,
+        0x06 => WR | FIRST | RETH,
+        0x07 => WR | MIDDLE,
+        0x08 => WR | LAST,
+        0x09 => WR | LAST | IMM,
+        0x0a => WR | ONLY | RETH,
+        0x0b => WR | ONLY | RETH | IMM,
+        0x0c => READ_REQUEST | ONLY | RETH | REQUEST,
+        0x0d => RR | FIRST | AETH,
+        0x0e => RR | MIDDLE,
+        0x0f => RR | LAST | AETH,
+        0x10 => RR | ONLY | AETH,
+        0x11 => ACK | ONLY | AETH,
+        0x12 => ATOMIC_ACK | ONLY | AETH | ATOMIC_ACK_ETH,
+        0x13 | 0x14 => ATOMIC | ONLY | ATOMIC_ETH | REQUEST,
+        0x16 => SND | LAST | IETH,
+        0x17 => SND | ONLY | IETH,
+        _ => 0,
+    };
+    match opc >> 5 {
+        // RC: everything above.
+        0 => base,
+        // UC: SEND and RDMA WRITE only.
+        1 => match opc & 0x1f {
+            0x00..=0x0b => base,
+            _ => 0,
+        },
+        // UD: SEND_ONLY (with immediate), each with a DETH.
+        3 => match opc & 0x1f {
+            0x04 | 0x05 => base | DETH,
+            _ => 0,
+        },
+        4 => {
+            if opc == opcode::CNP {
+                CNP | ONLY | CNP_RESERVED
+            } else {
+                0
+            }
+        }
+        _ => 0,
+    }
+}
+
+/// Length of the extension headers selected by `flags` (see [`op`]).
+#[inline(always)]
+pub const fn ext_headers_len(flags: u32) -> usize {
+    let mut n = 0;
+    if flags & op::RETH != 0 {
+        n += Reth::LEN;
+    }
+    if flags & op::ATOMIC_ETH != 0 {
+        n += AtomicEth::LEN;
+    }
+    if flags & op::DETH != 0 {
+        n += Deth::LEN;
+    }
+    if flags & op::AETH != 0 {
+        n += Aeth::LEN;
+    }
+    if flags & op::ATOMIC_ACK_ETH != 0 {
+        n += AtomicAckEth::LEN;
+    }
+    if flags & op::IMM != 0 {
+        n += ImmDt::LEN;
+    }
+    if flags & op::IETH != 0 {
+        n += Ieth::LEN;
+    }
+    if flags & op::CNP_RESERVED != 0 {
+        n += CNP_RESERVED_LEN;
+    }
+    n
+}
+
+/// 24-bit PSN arithmetic: `a + n` modulo 2^24.
+#[inline(always)]
+pub const fn psn_add(a: u32, n: u32) -> u32 {
+    a.wrapping_add(n) & MASK_24
+}
+
+/// Signed distance `a - b` in the 24-bit PSN space, in `-2^23 ..= 2^23 - 1`:
+/// positive when `a` is after `b`, across the wrap too.
+#[inline(always)]
+pub const fn psn_diff(a: u32, b: u32) -> i32 {
+    ((a.wrapping_sub(b) << 8) as i32) >> 8
+}
+
+/// Per-CPU XDP counters: index into the `STATS` array map. One per verdict and
+/// reason, so a dropped packet always says why.
+pub mod stat {
+    /// RoCEv2 packet redirected into the AF_XDP socket of its RX queue.
+    pub const REDIRECT: u32 = 0;
+    /// Not IPv4/IPv6 (ARP, LLDP, ...): to the kernel.
+    pub const PASS_NOT_IP: u32 = 1;
+    /// IP but not UDP to port 4791: to the kernel.
+    pub const PASS_NOT_ROCE: u32 = 2;
+    /// An IPv4 fragment: the kernel reassembles, so it passes.
+    pub const PASS_FRAGMENT: u32 = 3;
+    /// RoCEv2 packet but no AF_XDP socket is bound on this queue.
+    pub const PASS_NO_SOCKET: u32 = 4;
+    /// Frame shorter than its headers plus ICRC (or shorter than IP/UDP say).
+    pub const DROP_TRUNCATED: u32 = 5;
+    /// BTH TVer is not 0.
+    pub const DROP_BAD_TVER: u32 = 6;
+    /// Opcode not in the RC/UC/UD/CNP table.
+    pub const DROP_UNKNOWN_OPCODE: u32 = 7;
+    /// Destination QPN is not live in the firewall map.
+    pub const DROP_QPN_NOT_LIVE: u32 = 8;
+    /// Source address or UDP port does not match the connected QP's peer.
+    pub const DROP_SPOOFED_SOURCE: u32 = 9;
+    pub const COUNT: u32 = 10;
+
+    pub const NAMES: [&str; COUNT as usize] = [
+        "redirect",
+        "pass_not_ip",
+        "pass_not_roce",
+        "pass_fragment",
+        "pass_no_socket",
+        "drop_truncated",
+        "drop_bad_tver",
+        "drop_unknown_opcode",
+        "drop_qpn_not_live",
+        "drop_spoofed_source",
+    ];
+}
+
+/// Global switches written by userspace into the `CONFIG` array map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct XdpConfig {
+    /// Non-zero: drop RoCEv2 packets whose QPN is not in `LIVE_QPS` (QP1, the
+    /// GSI QP used by RDMA CM, always passes through to userspace).
+    pub firewall: u32,
+}
+
+/// Value of the `LIVE_QPS` hash map, keyed by local QPN. For a connected RC QP
+/// the packet's source must match; an unconnected (INIT/RTR-less) QP accepts any.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct LiveQp {
+    /// Peer IP address; IPv4 as `::ffff:a.b.c.d` (the RoCEv2 GID form).
+    pub peer_gid: [u8; 16],
+    /// Peer UDP source port, network order; 0 = any.
+    pub peer_sport: [u8; 2],
+    /// 1 = connected (check the source), 0 = accept any source.
+    pub connected: u8,
+    pub _pad: u8,
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+
+    #[test]
+    fn psn_wraps() {
+        assert_eq!(psn_add(MASK_24, 1), 0);
+        assert_eq!(psn_diff(0, MASK_24), 1);
+        assert_eq!(psn_diff(MASK_24, 0), -1);
+        assert_eq!(psn_diff(5, 5), 0);
+        assert_eq!(psn_diff(0x80_0000, 0), -0x80_0000);
+        assert_eq!(psn_diff(0x7f_ffff, 0), 0x7f_ffff);
+    }
+
+    #[test]
+    fn header_sizes_match_the_spec() {
+        assert_eq!(core::mem::size_of::<EthHdr>(), EthHdr::LEN);
+        assert_eq!(core::mem::size_of::<VlanHdr>(), VlanHdr::LEN);
+        assert_eq!(core::mem::size_of::<Ipv4Hdr>(), Ipv4Hdr::LEN);
+        assert_eq!(core::mem::size_of::<Ipv6Hdr>(), Ipv6Hdr::LEN);
+        assert_eq!(core::mem::size_of::<UdpHdr>(), UdpHdr::LEN);
+        assert_eq!(core::mem::size_of::<Bth>(), Bth::LEN);
+        assert_eq!(core::mem::size_of::<Reth>(), Reth::LEN);
+        assert_eq!(core::mem::size_of::<Aeth>(), Aeth::LEN);
+        assert_eq!(core::mem::size_of::<AtomicEth>(), AtomicEth::LEN);
+        assert_eq!(core::mem::size_of::<AtomicAckEth>(), AtomicAckEth::LEN);
+        assert_eq!(core::mem::size_of::<Deth>(), Deth::LEN);
+        assert_eq!(core::mem::align_of::<Bth>(), 1);
+        assert_eq!(core::mem::size_of::<LiveQp>(), 20);
+    }
+
+    #[test]
+    fn opcode_table() {
+        use op::*;
+        assert_eq!(opcode_flags(opcode::RC_RDMA_WRITE_ONLY) & RETH, RETH);
+        assert_eq!(
+            ext_headers_len(opcode_flags(opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE)),
+            20
+        );
+        assert_eq!(
+            ext_headers_len(opcode_flags(opcode::RC_ATOMIC_ACKNOWLEDGE)),
+            12
+        );
+        assert_eq!(
+            ext_headers_len(opcode_flags(opcode::UD_SEND_ONLY_WITH_IMMEDIATE)),
+            12
+        );
+        assert_eq!(ext_headers_len(opcode_flags(opcode::CNP)), 16);
+        assert_eq!(opcode_flags(0x15), 0);
+        assert_eq!(opcode_flags(0x2c), 0, "UC has no READ");
+        assert_eq!(opcode_flags(0x40), 0, "RD is not supported");
+        assert_eq!(opcode_flags(0x60), 0, "UD has only SEND_ONLY");
+        assert_eq!(opcode_flags(0x82), 0);
+        let mut known = 0;
+        for o in 0..=255u8 {
+            if opcode_flags(o) != 0 {
+                known += 1;
+            }
+        }
+        // 23 RC (0x00-0x14, 0x16, 0x17) + 12 UC + 2 UD + CNP
+        assert_eq!(known, 23 + 12 + 2 + 1);
+    }
+}
