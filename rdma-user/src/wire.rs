@@ -28,6 +28,9 @@ pub enum WireError {
     NotIp,
     /// IP version field disagrees with the ethertype, or IHL < 5.
     BadIpHeader,
+    /// IPv4 header checksum mismatch (the ICRC masks that field, so it must
+    /// be checked on its own, as the kernel would before rxe sees a packet).
+    BadIpChecksum,
     /// An IPv4 fragment: RoCEv2 is never fragmented.
     Fragment,
     /// IP protocol / next header is not UDP.
@@ -53,6 +56,7 @@ impl fmt::Display for WireError {
             WireError::Truncated => "truncated header",
             WireError::NotIp => "not IPv4/IPv6",
             WireError::BadIpHeader => "bad IP header",
+            WireError::BadIpChecksum => "bad IPv4 header checksum",
             WireError::Fragment => "IP fragment",
             WireError::NotUdp => "not UDP",
             WireError::NotRoce => "not UDP port 4791",
@@ -298,6 +302,9 @@ impl IpRepr {
                 }
                 if total > buf.len() {
                     return Err(WireError::Truncated);
+                }
+                if ipv4_checksum(&buf[..hl]) != 0 {
+                    return Err(WireError::BadIpChecksum);
                 }
                 if h.frag_off() & (Ipv4Hdr::FLAG_MF | Ipv4Hdr::OFFSET_MASK) != 0 {
                     return Err(WireError::Fragment);
@@ -1119,6 +1126,18 @@ mod tests {
         assert_eq!(RoceRepr::parse(&bad[..n]).unwrap_err(), WireError::NotRoce);
         let mut bad = buf;
         bad[14 + 6] = 0x20; // MF
+        assert_eq!(
+            RoceRepr::parse(&bad[..n]).unwrap_err(),
+            WireError::BadIpChecksum
+        );
+        let c = ipv4_checksum(&{
+            let mut h = [0u8; 20];
+            h.copy_from_slice(&bad[14..34]);
+            h[10] = 0;
+            h[11] = 0;
+            h
+        });
+        bad[24..26].copy_from_slice(&c.to_be_bytes());
         assert_eq!(RoceRepr::parse(&bad[..n]).unwrap_err(), WireError::Fragment);
 
         // An ACK must not carry a payload.

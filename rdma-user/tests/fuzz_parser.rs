@@ -4,7 +4,12 @@ use proptest::prelude::*;
 use rdma_user::capture::read_pcap;
 use rdma_user::wire::*;
 
-fn seeds() -> Vec<Vec<u8>> {
+fn seeds() -> &'static [Vec<u8>] {
+    static SEEDS: std::sync::OnceLock<Vec<Vec<u8>>> = std::sync::OnceLock::new();
+    SEEDS.get_or_init(load_seeds)
+}
+
+fn load_seeds() -> Vec<Vec<u8>> {
     let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data");
     let mut v = Vec::new();
     for name in [
