@@ -1,7 +1,10 @@
 //! Software RoCEv2 over XDP/AF_XDP.
 //!
 //! Data flows XDP classify -> AF_XDP rings -> [`engine`] -> memory/completions.
-//! [`wire`] is the packet format, [`engine`] the sans-IO RC transport.
+//! [`wire`] is the packet format, [`engine`] the sans-IO RC transport, [`mr`]
+//! the memory regions it reads and writes.
 
 pub mod capture;
+pub mod engine;
+pub mod mr;
 pub mod wire;

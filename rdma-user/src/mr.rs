@@ -1,0 +1,525 @@
+//! Memory regions: registration, lkey/rkey lookup and the access checks that
+//! stand between the network and local memory.
+//!
+//! Every remote access goes through [`MrTable::resolve`], which checks the key,
+//! the protection domain, the permission and the range (with overflow-safe
+//! arithmetic) before a single byte is touched.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Access flags, with the values of `enum ibv_access_flags`.
+#[derive(Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct Access(pub u32);
+
+impl Access {
+    pub const LOCAL_WRITE: Access = Access(1);
+    pub const REMOTE_WRITE: Access = Access(2);
+    pub const REMOTE_READ: Access = Access(4);
+    pub const REMOTE_ATOMIC: Access = Access(8);
+    pub const ALL: Access = Access(15);
+
+    pub fn contains(self, other: Access) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// Parses a comma-separated list such as `local-write,remote-read`.
+    pub fn parse(s: &str) -> Result<Access, String> {
+        let mut a = Access(0);
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            a = a | match part.to_ascii_lowercase().replace('_', "-").as_str() {
+                "local-write" | "lw" => Access::LOCAL_WRITE,
+                "remote-write" | "rw" => Access::REMOTE_WRITE,
+                "remote-read" | "rr" => Access::REMOTE_READ,
+                "remote-atomic" | "ra" => Access::REMOTE_ATOMIC,
+                "all" => Access::ALL,
+                other => {
+                    return Err(format!(
+                        "unknown access flag '{other}' (use local-write, remote-write, remote-read, remote-atomic or all)"
+                    ))
+                }
+            };
+        }
+        Ok(a)
+    }
+}
+
+impl core::ops::BitOr for Access {
+    type Output = Access;
+    fn bitor(self, o: Access) -> Access {
+        Access(self.0 | o.0)
+    }
+}
+
+impl fmt::Debug for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut names = Vec::new();
+        for (flag, name) in [
+            (Access::LOCAL_WRITE, "local-write"),
+            (Access::REMOTE_WRITE, "remote-write"),
+            (Access::REMOTE_READ, "remote-read"),
+            (Access::REMOTE_ATOMIC, "remote-atomic"),
+        ] {
+            if self.contains(flag) {
+                names.push(name);
+            }
+        }
+        write!(f, "{}", names.join(","))
+    }
+}
+
+impl fmt::Display for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// Why an access to a memory region was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessError {
+    /// No region has this key (never registered, or deregistered).
+    BadKey,
+    /// The region belongs to another protection domain.
+    WrongPd,
+    /// The region was not registered with the needed permission.
+    NoPermission,
+    /// The range leaves the region (or wraps the address space).
+    OutOfRange,
+    /// Atomics need an 8-byte aligned address.
+    Unaligned,
+    /// DMA length above 2^31, the IBA maximum message size.
+    TooLong,
+}
+
+impl fmt::Display for AccessError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            AccessError::BadKey => "no memory region with this key",
+            AccessError::WrongPd => "memory region is in another protection domain",
+            AccessError::NoPermission => "memory region lacks the needed access right",
+            AccessError::OutOfRange => "range is outside the memory region",
+            AccessError::Unaligned => "atomic address is not 8-byte aligned",
+            AccessError::TooLong => "length exceeds 2^31",
+        })
+    }
+}
+impl std::error::Error for AccessError {}
+
+/// Where the bytes of a region live.
+pub enum Backing {
+    /// Heap memory (tests, simulation).
+    Heap(Box<[u8]>),
+    /// Memory owned elsewhere (a shared mapping). The owner guarantees it stays
+    /// mapped while the region is registered.
+    Raw { ptr: *mut u8, len: usize },
+}
+
+// SAFETY: a Raw backing is a plain memory mapping; the table is only used by
+// one data-path thread at a time (it is moved, never shared).
+unsafe impl Send for Backing {}
+
+impl Backing {
+    fn as_ptr(&self) -> *mut u8 {
+        match self {
+            Backing::Heap(b) => b.as_ptr() as *mut u8,
+            Backing::Raw { ptr, .. } => *ptr,
+        }
+    }
+    fn len(&self) -> usize {
+        match self {
+            Backing::Heap(b) => b.len(),
+            Backing::Raw { len, .. } => *len,
+        }
+    }
+}
+
+pub struct MemoryRegion {
+    pub pd: u32,
+    /// The virtual address peers use for byte 0 of the region.
+    pub addr: u64,
+    pub access: Access,
+    pub lkey: u32,
+    pub rkey: u32,
+    backing: Backing,
+}
+
+impl MemoryRegion {
+    pub fn len(&self) -> usize {
+        self.backing.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: backing is valid for len bytes for the region's lifetime.
+        unsafe { std::slice::from_raw_parts(self.backing.as_ptr(), self.len()) }
+    }
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and &mut self gives exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.backing.as_ptr(), self.len()) }
+    }
+}
+
+/// A checked window into one region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resolved {
+    pub slot: usize,
+    pub offset: usize,
+    pub len: usize,
+}
+
+/// All memory regions of one device.
+pub struct MrTable {
+    slots: Vec<Option<MemoryRegion>>,
+    by_lkey: HashMap<u32, usize>,
+    by_rkey: HashMap<u32, usize>,
+    max_mr: usize,
+    rng: u64,
+}
+
+/// Largest message the IBA allows.
+pub const MAX_MSG_LEN: u64 = 1 << 31;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RegError {
+    /// The device's MR limit is reached.
+    TooMany {
+        max: usize,
+    },
+    ZeroLength,
+}
+
+impl fmt::Display for RegError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RegError::TooMany { max } => write!(
+                f,
+                "memory region limit reached ({max}); deregister one or raise --max-mr"
+            ),
+            RegError::ZeroLength => f.write_str("memory region length must be > 0"),
+        }
+    }
+}
+impl std::error::Error for RegError {}
+
+impl MrTable {
+    /// `seed` drives key generation: pass real entropy in production and a
+    /// fixed value in simulation, so runs reproduce.
+    pub fn new(max_mr: usize, seed: u64) -> MrTable {
+        MrTable {
+            slots: Vec::new(),
+            by_lkey: HashMap::new(),
+            by_rkey: HashMap::new(),
+            max_mr,
+            rng: seed ^ 0x9e37_79b9_7f4a_7c15,
+        }
+    }
+
+    /// splitmix64: keys look random to a peer who has seen other keys, so an
+    /// rkey cannot be guessed from its neighbours.
+    fn next_key(&mut self) -> u32 {
+        loop {
+            self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.rng;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            let k = (z ^ (z >> 31)) as u32;
+            if k != 0 && !self.by_lkey.contains_key(&k) && !self.by_rkey.contains_key(&k) {
+                return k;
+            }
+        }
+    }
+
+    pub fn register(
+        &mut self,
+        pd: u32,
+        backing: Backing,
+        addr: u64,
+        access: Access,
+    ) -> Result<(u32, u32), RegError> {
+        if backing.len() == 0 {
+            return Err(RegError::ZeroLength);
+        }
+        if self.by_lkey.len() >= self.max_mr {
+            return Err(RegError::TooMany { max: self.max_mr });
+        }
+        let lkey = self.next_key();
+        let rkey = self.next_key();
+        let slot = match self.slots.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                self.slots.push(None);
+                self.slots.len() - 1
+            }
+        };
+        self.slots[slot] = Some(MemoryRegion {
+            pd,
+            addr,
+            access,
+            lkey,
+            rkey,
+            backing,
+        });
+        self.by_lkey.insert(lkey, slot);
+        self.by_rkey.insert(rkey, slot);
+        Ok((lkey, rkey))
+    }
+
+    /// Registers a zero-filled heap region.
+    pub fn register_heap(
+        &mut self,
+        pd: u32,
+        len: usize,
+        addr: u64,
+        access: Access,
+    ) -> Result<(u32, u32), RegError> {
+        self.register(
+            pd,
+            Backing::Heap(vec![0u8; len].into_boxed_slice()),
+            addr,
+            access,
+        )
+    }
+
+    /// Removes a region by its lkey; returns its backing so the owner can free it.
+    pub fn deregister(&mut self, lkey: u32) -> Option<Backing> {
+        let slot = self.by_lkey.remove(&lkey)?;
+        let mr = self.slots[slot].take()?;
+        self.by_rkey.remove(&mr.rkey);
+        Some(mr.backing)
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_lkey.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.by_lkey.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &MemoryRegion> {
+        self.slots.iter().flatten()
+    }
+
+    pub fn by_lkey(&self, lkey: u32) -> Option<&MemoryRegion> {
+        self.by_lkey
+            .get(&lkey)
+            .and_then(|&s| self.slots[s].as_ref())
+    }
+    pub fn by_lkey_mut(&mut self, lkey: u32) -> Option<&mut MemoryRegion> {
+        let s = *self.by_lkey.get(&lkey)?;
+        self.slots[s].as_mut()
+    }
+    pub fn by_rkey(&self, rkey: u32) -> Option<&MemoryRegion> {
+        self.by_rkey
+            .get(&rkey)
+            .and_then(|&s| self.slots[s].as_ref())
+    }
+
+    fn check(
+        mr: &MemoryRegion,
+        pd: u32,
+        va: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<usize, AccessError> {
+        if mr.pd != pd {
+            return Err(AccessError::WrongPd);
+        }
+        if !mr.access.contains(need) {
+            return Err(AccessError::NoPermission);
+        }
+        if len > MAX_MSG_LEN {
+            return Err(AccessError::TooLong);
+        }
+        let off = va.checked_sub(mr.addr).ok_or(AccessError::OutOfRange)?;
+        let end = off.checked_add(len).ok_or(AccessError::OutOfRange)?;
+        if end > mr.len() as u64 {
+            return Err(AccessError::OutOfRange);
+        }
+        Ok(off as usize)
+    }
+
+    /// Checks a remote access (by rkey).
+    pub fn resolve(
+        &self,
+        rkey: u32,
+        pd: u32,
+        va: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<Resolved, AccessError> {
+        let &slot = self.by_rkey.get(&rkey).ok_or(AccessError::BadKey)?;
+        let mr = self.slots[slot].as_ref().ok_or(AccessError::BadKey)?;
+        let offset = Self::check(mr, pd, va, len, need)?;
+        Ok(Resolved {
+            slot,
+            offset,
+            len: len as usize,
+        })
+    }
+
+    /// Checks a local access (by lkey). Local reads need no flag; local writes
+    /// (RECV, READ responses, atomic results) need LOCAL_WRITE.
+    pub fn resolve_local(
+        &self,
+        lkey: u32,
+        pd: u32,
+        addr: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<Resolved, AccessError> {
+        let &slot = self.by_lkey.get(&lkey).ok_or(AccessError::BadKey)?;
+        let mr = self.slots[slot].as_ref().ok_or(AccessError::BadKey)?;
+        let offset = Self::check(mr, pd, addr, len, need)?;
+        Ok(Resolved {
+            slot,
+            offset,
+            len: len as usize,
+        })
+    }
+
+    /// Bytes of a resolved window. Panics only on a `Resolved` that this table
+    /// did not produce (a programming error, never input-driven).
+    pub fn slice(&self, r: Resolved) -> &[u8] {
+        &self.slots[r.slot].as_ref().expect("resolved slot").bytes()[r.offset..r.offset + r.len]
+    }
+
+    pub fn slice_mut(&mut self, r: Resolved) -> &mut [u8] {
+        &mut self.slots[r.slot]
+            .as_mut()
+            .expect("resolved slot")
+            .bytes_mut()[r.offset..r.offset + r.len]
+    }
+
+    /// Executes an 8-byte atomic at a resolved, aligned window. The value is in
+    /// host byte order in memory, as on hardware and rxe. Returns the original.
+    pub fn atomic(&mut self, r: Resolved, op: AtomicOp) -> u64 {
+        let s = self.slice_mut(r);
+        debug_assert_eq!(s.len(), 8);
+        // SAFETY: 8 bytes, 8-byte aligned (checked by the caller via the VA
+        // and the region's base alignment, see `resolve_atomic`).
+        let a = unsafe { &*(s.as_mut_ptr() as *const AtomicU64) };
+        match op {
+            AtomicOp::FetchAdd(add) => a.fetch_add(add, Ordering::SeqCst),
+            AtomicOp::CmpSwap { compare, swap } => {
+                match a.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
+                    Ok(v) | Err(v) => v,
+                }
+            }
+        }
+    }
+
+    /// Resolves the target of a remote atomic: REMOTE_ATOMIC permission, 8
+    /// bytes, 8-byte aligned both in the peer's VA and in our memory.
+    pub fn resolve_atomic(&self, rkey: u32, pd: u32, va: u64) -> Result<Resolved, AccessError> {
+        if va % 8 != 0 {
+            return Err(AccessError::Unaligned);
+        }
+        let r = self.resolve(rkey, pd, va, 8, Access::REMOTE_ATOMIC)?;
+        let ptr = self.slice(r).as_ptr() as usize;
+        if ptr % 8 != 0 {
+            return Err(AccessError::Unaligned);
+        }
+        Ok(r)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtomicOp {
+    FetchAdd(u64),
+    CmpSwap { compare: u64, swap: u64 },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checks() {
+        let mut t = MrTable::new(4, 1);
+        let (lkey, rkey) = t
+            .register_heap(1, 4096, 0x10000, Access::REMOTE_READ | Access::LOCAL_WRITE)
+            .unwrap();
+        assert_ne!(lkey, rkey);
+        assert!(t
+            .resolve(rkey, 1, 0x10000, 4096, Access::REMOTE_READ)
+            .is_ok());
+        assert_eq!(
+            t.resolve(rkey, 1, 0x10000, 4097, Access::REMOTE_READ),
+            Err(AccessError::OutOfRange)
+        );
+        assert_eq!(
+            t.resolve(rkey, 1, 0xffff, 1, Access::REMOTE_READ),
+            Err(AccessError::OutOfRange)
+        );
+        assert_eq!(
+            t.resolve(rkey, 1, u64::MAX, 2, Access::REMOTE_READ),
+            Err(AccessError::OutOfRange)
+        );
+        assert_eq!(
+            t.resolve(rkey, 1, 0x10000, 8, Access::REMOTE_WRITE),
+            Err(AccessError::NoPermission)
+        );
+        assert_eq!(
+            t.resolve(rkey, 2, 0x10000, 8, Access::REMOTE_READ),
+            Err(AccessError::WrongPd)
+        );
+        assert_eq!(
+            t.resolve(rkey ^ 1, 1, 0x10000, 8, Access::REMOTE_READ),
+            Err(AccessError::BadKey)
+        );
+        assert_eq!(
+            t.resolve(rkey, 1, 0x10000, 1 << 32, Access::REMOTE_READ),
+            Err(AccessError::TooLong)
+        );
+        assert!(t.deregister(lkey).is_some());
+        assert_eq!(
+            t.resolve(rkey, 1, 0x10000, 8, Access::REMOTE_READ),
+            Err(AccessError::BadKey)
+        );
+    }
+
+    #[test]
+    fn limit_and_unguessable_keys() {
+        let mut t = MrTable::new(3, 7);
+        let mut keys = Vec::new();
+        for _ in 0..3 {
+            let (l, r) = t.register_heap(1, 64, 0, Access::ALL).unwrap();
+            keys.push(l);
+            keys.push(r);
+        }
+        assert_eq!(
+            t.register_heap(1, 64, 0, Access::ALL),
+            Err(RegError::TooMany { max: 3 })
+        );
+        // No two consecutive keys differ by a small constant.
+        for w in keys.windows(2) {
+            assert!(w[0].abs_diff(w[1]) > 0x1000, "{keys:x?}");
+        }
+    }
+
+    #[test]
+    fn atomics() {
+        let mut t = MrTable::new(4, 1);
+        let (_, rkey) = t.register_heap(1, 64, 0x1000, Access::ALL).unwrap();
+        assert_eq!(
+            t.resolve_atomic(rkey, 1, 0x1004),
+            Err(AccessError::Unaligned)
+        );
+        let r = t.resolve_atomic(rkey, 1, 0x1008).unwrap();
+        assert_eq!(t.atomic(r, AtomicOp::FetchAdd(5)), 0);
+        assert_eq!(
+            t.atomic(
+                r,
+                AtomicOp::CmpSwap {
+                    compare: 5,
+                    swap: 9
+                }
+            ),
+            5
+        );
+        assert_eq!(t.atomic(r, AtomicOp::FetchAdd(1)), 9);
+        assert_eq!(&t.slice(r)[..], &10u64.to_ne_bytes());
+    }
+}
