@@ -1016,7 +1016,14 @@ impl Qp {
                 break;
             }
             if !w.done {
-                return psn_add(w.first_psn, w.resp_pkts);
+                // Inside a multi-packet message, the responder may already
+                // have part of it (implied by a NAK's PSN).
+                let after_acked = psn_add(self.acked_psn, 1);
+                return if !w.opcode.is_rd_atomic() && w.contains(after_acked) {
+                    after_acked
+                } else {
+                    psn_add(w.first_psn, w.resp_pkts)
+                };
             }
         }
         self.next_psn
@@ -1809,11 +1816,11 @@ impl Qp {
     fn handle_duplicate(&mut self, t: &TransportRepr, flags: u32, psn: u32, mem: &MrTable) {
         self.stats.duplicates_received += 1;
         if flags & (op::SEND | op::WRITE) != 0 {
-            // Already applied: answer so the requester can move on, but
-            // never apply twice.
-            if t.bth.ack_req || flags & op::LAST != 0 {
-                self.pending_ack = Some(psn_add(self.epsn, MASK_24));
-            }
+            // Already applied: never apply twice, but answer every duplicate
+            // (IBA C9-105, as rxe's duplicate_request() does, AckReq or not)
+            // so that a requester whose ACKs were lost learns how far we are.
+            // ACKs coalesce, so a retransmitted burst costs one ACK.
+            self.pending_ack = Some(psn_add(self.epsn, MASK_24));
             return;
         }
         let n = self.max_dest_rd_atomic.max(1) as usize;

@@ -640,7 +640,12 @@ fn repro(seed: u64, p: Profile) -> String {
     )
 }
 
-fn sweep(profile: Profile, seeds: u64) {
+/// `SIM_SEEDS=N` runs N seeds per profile instead of the default (a soak).
+fn sweep(profile: Profile, default_seeds: u64) {
+    let seeds = std::env::var("SIM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default_seeds);
     let mut total = Report::default();
     for seed in 0..seeds {
         match run(seed, profile) {
