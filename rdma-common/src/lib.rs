@@ -533,6 +533,12 @@ pub struct LiveQp {
     pub _pad: u8,
 }
 
+// Map values the userspace loader reads and writes through aya.
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for LiveQp {}
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for XdpConfig {}
+
 #[cfg(test)]
 mod tests {
     extern crate std;

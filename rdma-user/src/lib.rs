@@ -8,3 +8,5 @@ pub mod capture;
 pub mod engine;
 pub mod mr;
 pub mod wire;
+pub mod xdp;
+pub mod xsk;

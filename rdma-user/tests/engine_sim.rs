@@ -468,6 +468,7 @@ fn run(seed: u64, profile: Profile) -> Result<Report, String> {
     let mut frames = Vec::new();
     let mut steps = 0u64;
     let trace = std::env::var("SIM_TRACE").is_ok();
+    let trace_tx = std::env::var("SIM_TRACE").is_ok_and(|v| v == "tx");
     loop {
         steps += 1;
         if steps > 5_000_000 {
@@ -512,6 +513,10 @@ fn run(seed: u64, profile: Profile) -> Result<Report, String> {
             frames.clear();
             nodes[i].transmit(now, &mut frames);
             for f in frames.drain(..) {
+                if trace_tx {
+                    eprint!("TX ");
+                    trace_frame(now, 1 - i, &f);
+                }
                 wire.send(now, 1 - i, f);
             }
         }

@@ -1,0 +1,21 @@
+//! Builds the XDP program (`rdma-ebpf`) for bpfel-unknown-none with nightly
+//! and bpf-linker, via aya-build; the object is embedded in the binary.
+
+use anyhow::{anyhow, Context as _};
+
+fn main() -> anyhow::Result<()> {
+    let manifest = std::env::var("CARGO_MANIFEST_DIR").context("CARGO_MANIFEST_DIR")?;
+    let root = std::path::Path::new(&manifest)
+        .parent()
+        .ok_or_else(|| anyhow!("rdma-user has no parent directory"))?
+        .join("rdma-ebpf");
+    let root = root.to_str().ok_or_else(|| anyhow!("non-UTF-8 path"))?;
+    aya_build::build_ebpf(
+        [aya_build::Package {
+            name: "rdma-ebpf",
+            root_dir: root,
+            ..Default::default()
+        }],
+        aya_build::Toolchain::default(),
+    )
+}

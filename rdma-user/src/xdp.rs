@@ -1,0 +1,153 @@
+//! Loading and attaching the XDP classifier, and reading its maps.
+
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+use anyhow::{anyhow, Context, Result};
+use aya::maps::{Array, HashMap, MapData, PerCpuArray, XskMap};
+use aya::programs::{Xdp, XdpMode as AyaMode};
+use aya::Ebpf;
+use rdma_common::{stat, LiveQp, XdpConfig};
+
+/// Where the program runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum XdpMode {
+    /// Native (driver) mode, falling back to generic with a warning.
+    Auto,
+    Native,
+    Generic,
+}
+
+pub struct XdpProgram {
+    ebpf: Ebpf,
+    logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
+    pub iface: String,
+    /// The mode actually attached.
+    pub native: bool,
+}
+
+/// The compiled classifier, embedded at build time.
+static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/rdma-xdp"));
+
+impl XdpProgram {
+    pub fn attach(iface: &str, mode: XdpMode) -> Result<XdpProgram> {
+        let mut ebpf = Ebpf::load(PROGRAM).context("load the XDP program (needs root, BPF)")?;
+        let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                log::debug!("aya-log unavailable: {e}");
+                None
+            }
+        };
+        let prog: &mut Xdp = ebpf
+            .program_mut("rdma_xdp")
+            .ok_or_else(|| anyhow!("program rdma_xdp missing from the object"))?
+            .try_into()?;
+        prog.load()
+            .context("the kernel verifier rejected the XDP program")?;
+        let native = match mode {
+            XdpMode::Generic => {
+                prog.attach(iface, AyaMode::Skb)
+                    .with_context(|| format!("attach XDP (generic) to {iface}"))?;
+                false
+            }
+            XdpMode::Native => {
+                prog.attach(iface, AyaMode::Driver)
+                    .with_context(|| format!("attach XDP (native) to {iface}"))?;
+                true
+            }
+            XdpMode::Auto => match prog.attach(iface, AyaMode::Driver) {
+                Ok(_) => true,
+                Err(e) => {
+                    log::warn!(
+                        "{iface}: native XDP failed ({e}); falling back to generic mode (slower)"
+                    );
+                    prog.attach(iface, AyaMode::Skb)
+                        .with_context(|| format!("attach XDP (generic) to {iface}"))?;
+                    false
+                }
+            },
+        };
+        Ok(XdpProgram {
+            ebpf,
+            logger,
+            iface: iface.to_string(),
+            native,
+        })
+    }
+
+    /// Puts an AF_XDP socket in the XSKMAP slot of its queue.
+    pub fn set_socket(&mut self, queue: u32, fd: i32) -> Result<()> {
+        let mut m: XskMap<&mut MapData> = self
+            .ebpf
+            .map_mut("XSKS")
+            .ok_or_else(|| anyhow!("XSKS map missing"))?
+            .try_into()?;
+        // SAFETY: fd is an open AF_XDP socket owned by the caller for as long
+        // as the program runs.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        m.set(queue, fd.as_raw_fd(), 0)
+            .with_context(|| format!("register AF_XDP socket for queue {queue}"))?;
+        Ok(())
+    }
+
+    /// Per-reason counters, summed over CPUs.
+    pub fn stats(&self) -> Result<[u64; stat::COUNT as usize]> {
+        let m: PerCpuArray<&MapData, u64> = self
+            .ebpf
+            .map("STATS")
+            .ok_or_else(|| anyhow!("STATS map missing"))?
+            .try_into()?;
+        let mut out = [0u64; stat::COUNT as usize];
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = m.get(&(i as u32), 0)?.iter().sum();
+        }
+        Ok(out)
+    }
+
+    pub fn set_firewall(&mut self, on: bool) -> Result<()> {
+        let mut m: Array<&mut MapData, XdpConfig> = self
+            .ebpf
+            .map_mut("CONFIG")
+            .ok_or_else(|| anyhow!("CONFIG map missing"))?
+            .try_into()?;
+        m.set(
+            0,
+            XdpConfig {
+                firewall: on as u32,
+            },
+            0,
+        )?;
+        Ok(())
+    }
+
+    pub fn set_live_qp(&mut self, qpn: u32, v: LiveQp) -> Result<()> {
+        let mut m: HashMap<&mut MapData, u32, LiveQp> = self
+            .ebpf
+            .map_mut("LIVE_QPS")
+            .ok_or_else(|| anyhow!("LIVE_QPS map missing"))?
+            .try_into()?;
+        m.insert(qpn, v, 0)?;
+        Ok(())
+    }
+
+    pub fn remove_live_qp(&mut self, qpn: u32) -> Result<()> {
+        let mut m: HashMap<&mut MapData, u32, LiveQp> = self
+            .ebpf
+            .map_mut("LIVE_QPS")
+            .ok_or_else(|| anyhow!("LIVE_QPS map missing"))?
+            .try_into()?;
+        let _ = m.remove(&qpn);
+        Ok(())
+    }
+
+    /// Forwards log records from the program (debug level, drops only).
+    pub fn flush_log(&mut self) {
+        if let Some(l) = self.logger.as_mut() {
+            l.flush();
+        }
+    }
+}
+
+pub fn stat_names() -> &'static [&'static str] {
+    &stat::NAMES
+}

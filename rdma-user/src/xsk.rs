@@ -1,0 +1,455 @@
+//! One AF_XDP socket on one RX queue, over `xdpilone`.
+//!
+//! The UMEM lives in a memfd mapping (shared memory another process could map
+//! too). Frames cycle through a local free list: the fill ring is topped up
+//! from it, TX takes from it, RX and TX completions return to it. Frames that
+//! do not fit a ring stay in the list instead of being lost (the kernel
+//! publishes consumer progress late). Frames larger than one chunk use
+//! multi-buffer descriptors (`XDP_USE_SG`, `XDP_PKT_CONTD`).
+
+use std::ffi::CString;
+use std::num::NonZeroU32;
+use std::os::fd::RawFd;
+use std::ptr::NonNull;
+
+use anyhow::{anyhow, bail, Context, Result};
+use xdpilone::xdp::XdpDesc;
+use xdpilone::{DeviceQueue, IfInfo, RingRx, RingTx, Socket, SocketConfig, Umem, UmemConfig, User};
+
+const XDP_COPY: u16 = 1 << 1;
+const XDP_ZEROCOPY: u16 = 1 << 2;
+const XDP_USE_NEED_WAKEUP: u16 = 1 << 3;
+const XDP_USE_SG: u16 = 1 << 4;
+/// Descriptor option: more fragments of this packet follow.
+pub const XDP_PKT_CONTD: u32 = 1;
+
+/// How a socket ended up bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BindMode {
+    ZeroCopy,
+    Copy,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct XskConfig {
+    /// UMEM chunk size: 2048 or 4096 (larger fails on this kernel).
+    pub frame_size: u32,
+    pub frames: u32,
+    pub ring_size: u32,
+    /// Accept and send frames larger than one chunk.
+    pub multi_buffer: bool,
+    /// Try zero-copy first (falls back to copy mode).
+    pub zero_copy: bool,
+}
+
+impl Default for XskConfig {
+    fn default() -> Self {
+        XskConfig {
+            frame_size: 4096,
+            frames: 8192,
+            ring_size: 2048,
+            multi_buffer: true,
+            zero_copy: true,
+        }
+    }
+}
+
+/// An anonymous shared mapping backed by a memfd.
+pub struct SharedMem {
+    ptr: NonNull<u8>,
+    len: usize,
+    fd: RawFd,
+}
+
+// SAFETY: plain memory; access is coordinated by the owner.
+unsafe impl Send for SharedMem {}
+
+impl SharedMem {
+    pub fn new(name: &str, len: usize) -> Result<SharedMem> {
+        let cname = CString::new(name)?;
+        // SAFETY: FFI with valid arguments; results are checked.
+        unsafe {
+            let fd = libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC);
+            if fd < 0 {
+                bail!("memfd_create: {}", std::io::Error::last_os_error());
+            }
+            if libc::ftruncate(fd, len as libc::off_t) != 0 {
+                let e = std::io::Error::last_os_error();
+                libc::close(fd);
+                bail!("ftruncate memfd to {len} bytes: {e}");
+            }
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                fd,
+                0,
+            );
+            if p == libc::MAP_FAILED {
+                let e = std::io::Error::last_os_error();
+                libc::close(fd);
+                bail!("mmap {len} bytes: {e}");
+            }
+            Ok(SharedMem {
+                ptr: NonNull::new(p as *mut u8).ok_or_else(|| anyhow!("mmap returned null"))?,
+                len,
+                fd,
+            })
+        }
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn fd(&self) -> RawFd {
+        self.fd
+    }
+}
+
+impl Drop for SharedMem {
+    fn drop(&mut self) {
+        // SAFETY: unmapping our own mapping once.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr() as *mut _, self.len);
+            libc::close(self.fd);
+        }
+    }
+}
+
+pub struct Xsk {
+    // Field order is drop order: rings and sockets before the UMEM and memory.
+    rx: RingRx,
+    tx: RingTx,
+    fq_cq: DeviceQueue,
+    user: User,
+    _sock: Socket,
+    _umem: Umem,
+    mem: SharedMem,
+    frame_size: u32,
+    free: Vec<u64>,
+    /// Frames to keep for the fill ring; TX may not dip below this.
+    rx_reserve: usize,
+    fill_target: u32,
+    pub mode: BindMode,
+    pub multi_buffer: bool,
+    scratch: Vec<u8>,
+    tx_pending_kick: bool,
+    pub rx_frames: u64,
+    pub tx_frames: u64,
+    pub rx_dropped_oversize: u64,
+}
+
+impl Xsk {
+    pub fn open(ifname: &str, queue: u32, cfg: XskConfig) -> Result<Xsk> {
+        if cfg.zero_copy {
+            match Self::open_mode(ifname, queue, cfg, BindMode::ZeroCopy) {
+                Ok(x) => return Ok(x),
+                Err(e) => log::debug!(
+                    "{ifname} queue {queue}: zero-copy bind failed ({e:#}); using copy mode"
+                ),
+            }
+        }
+        Self::open_mode(ifname, queue, cfg, BindMode::Copy)
+    }
+
+    fn open_mode(ifname: &str, queue: u32, cfg: XskConfig, mode: BindMode) -> Result<Xsk> {
+        let len = cfg.frames as usize * cfg.frame_size as usize;
+        let mem = SharedMem::new(&format!("rdma-umem-{ifname}-{queue}"), len)?;
+        let area = NonNull::slice_from_raw_parts(mem.ptr, len);
+        let ucfg = UmemConfig {
+            fill_size: cfg.ring_size,
+            complete_size: cfg.ring_size,
+            frame_size: cfg.frame_size,
+            headroom: 0,
+            flags: 0,
+        };
+        // SAFETY: the area is page aligned (mmap) and outlives the Umem (field order).
+        let umem = unsafe { Umem::new(ucfg, area) }.map_err(|e| anyhow!("create UMEM: {e:?}"))?;
+        let mut info = IfInfo::invalid();
+        let cname = CString::new(ifname)?;
+        info.from_name(&cname)
+            .map_err(|e| anyhow!("interface {ifname}: {e:?}"))?;
+        info.set_queue(queue);
+        let sock = Socket::with_shared(&info, &umem)
+            .map_err(|e| anyhow!("AF_XDP socket on {ifname}: {e:?} (needs root / CAP_NET_RAW)"))?;
+        let fq_cq = umem
+            .fq_cq(&sock)
+            .map_err(|e| anyhow!("fill/completion rings: {e:?}"))?;
+        let mut flags = XDP_USE_NEED_WAKEUP;
+        flags |= match mode {
+            BindMode::ZeroCopy => XDP_ZEROCOPY,
+            BindMode::Copy => XDP_COPY,
+        };
+        if cfg.multi_buffer {
+            flags |= XDP_USE_SG;
+        }
+        let user = umem
+            .rx_tx(
+                &sock,
+                &SocketConfig {
+                    rx_size: NonZeroU32::new(cfg.ring_size),
+                    tx_size: NonZeroU32::new(cfg.ring_size),
+                    bind_flags: flags,
+                },
+            )
+            .map_err(|e| anyhow!("rx/tx rings: {e:?}"))?;
+        let rx = user.map_rx().map_err(|e| anyhow!("map rx ring: {e:?}"))?;
+        let tx = user.map_tx().map_err(|e| anyhow!("map tx ring: {e:?}"))?;
+        umem.bind(&user)
+            .map_err(|e| anyhow!("bind {ifname} queue {queue} ({mode:?}): {e:?}"))?;
+        let free: Vec<u64> = (0..cfg.frames as u64)
+            .map(|i| i * cfg.frame_size as u64)
+            .collect();
+        let mut x = Xsk {
+            rx,
+            tx,
+            fq_cq,
+            user,
+            _sock: sock,
+            _umem: umem,
+            mem,
+            frame_size: cfg.frame_size,
+            free,
+            rx_reserve: (cfg.frames / 2) as usize,
+            fill_target: cfg.ring_size,
+            mode,
+            multi_buffer: cfg.multi_buffer,
+            scratch: vec![0u8; 64 * 1024],
+            tx_pending_kick: false,
+            rx_frames: 0,
+            tx_frames: 0,
+            rx_dropped_oversize: 0,
+        };
+        x.refill();
+        Ok(x)
+    }
+
+    /// The socket's fd, for the XSKMAP.
+    pub fn fd(&self) -> RawFd {
+        self.user.as_raw_fd()
+    }
+
+    pub fn frame_size(&self) -> u32 {
+        self.frame_size
+    }
+
+    /// Largest frame this socket can send or receive.
+    pub fn max_frame(&self) -> usize {
+        if self.multi_buffer {
+            self.scratch.len()
+        } else {
+            self.frame_size as usize
+        }
+    }
+
+    fn chunk(&self, addr: u64, len: usize) -> &[u8] {
+        let off = addr as usize;
+        assert!(off + len <= self.mem.len(), "descriptor outside UMEM");
+        // SAFETY: within the mapping (checked), and the kernel handed this
+        // frame to us (RX ring) so it does not write it concurrently.
+        unsafe { std::slice::from_raw_parts(self.mem.as_ptr().add(off), len) }
+    }
+
+    fn chunk_mut(&mut self, addr: u64, len: usize) -> &mut [u8] {
+        let off = addr as usize;
+        assert!(off + len <= self.mem.len(), "descriptor outside UMEM");
+        // SAFETY: a free frame is owned by us alone.
+        unsafe { std::slice::from_raw_parts_mut(self.mem.as_ptr().add(off), len) }
+    }
+
+    /// Tops up the fill ring from the free list; what does not fit stays.
+    pub fn refill(&mut self) {
+        let want = self.fill_target.min(self.free.len() as u32);
+        if want == 0 {
+            return;
+        }
+        let mut w = self.fq_cq.fill(want);
+        let start = self.free.len() - want as usize;
+        let n = w.insert(self.free[start..].iter().copied());
+        w.commit();
+        drop(w);
+        self.free.truncate(self.free.len() - n as usize);
+        if n > 0 && self.fq_cq.needs_wakeup() {
+            self.fq_cq.wake();
+        }
+    }
+
+    /// Returns TX frames the kernel has finished with to the free list.
+    pub fn reap(&mut self) {
+        let mut c = self.fq_cq.complete(self.fill_target);
+        while let Some(addr) = c.read() {
+            self.free.push(addr & !(self.frame_size as u64 - 1));
+        }
+        c.release();
+    }
+
+    /// Delivers up to `budget` received frames to `f` as contiguous bytes
+    /// (multi-buffer frames are gathered), then recycles their chunks.
+    pub fn recv(&mut self, budget: u32, mut f: impl FnMut(&[u8])) -> u32 {
+        let mut delivered = 0;
+        let avail = self.rx.available();
+        if avail == 0 {
+            return 0;
+        }
+        let mut chunks: [u64; 32] = [0; 32];
+        let mut r = self.rx.receive(avail.min(budget * 4));
+        let mut len = 0usize;
+        let mut nchunks = 0usize;
+        let mut oversize = false;
+        while let Some(d) = r.read() {
+            let base = d.addr & !(self.frame_size as u64 - 1);
+            if nchunks < chunks.len() {
+                chunks[nchunks] = base;
+                nchunks += 1;
+            } else {
+                self.free.push(base);
+                oversize = true;
+            }
+            let piece_len = d.len as usize;
+            if len + piece_len <= self.scratch.len() {
+                // SAFETY: the kernel handed us this descriptor; bounds are
+                // checked against the mapping.
+                let off = d.addr as usize;
+                assert!(off + piece_len <= self.mem.len(), "descriptor outside UMEM");
+                let src =
+                    unsafe { std::slice::from_raw_parts(self.mem.as_ptr().add(off), piece_len) };
+                self.scratch[len..len + piece_len].copy_from_slice(src);
+                len += piece_len;
+            } else {
+                oversize = true;
+            }
+            if d.options & XDP_PKT_CONTD != 0 {
+                continue;
+            }
+            if oversize {
+                self.rx_dropped_oversize += 1;
+            } else {
+                f(&self.scratch[..len]);
+                delivered += 1;
+            }
+            self.rx_frames += 1;
+            self.free.extend_from_slice(&chunks[..nchunks]);
+            nchunks = 0;
+            len = 0;
+            oversize = false;
+            if delivered >= budget {
+                break;
+            }
+        }
+        // A packet cut off by the batch end keeps its chunks; they are rare
+        // and returned here rather than leaked.
+        self.free.extend_from_slice(&chunks[..nchunks]);
+        r.release();
+        drop(r);
+        self.refill();
+        delivered
+    }
+
+    /// Free chunks available for transmission (keeping the RX reserve).
+    pub fn tx_room(&self) -> usize {
+        self.free.len().saturating_sub(self.rx_reserve)
+    }
+
+    /// Sends one frame built in place by `build` (which gets a buffer of
+    /// `max_frame()` bytes and returns the frame length). Frames larger than
+    /// one chunk go out as multi-buffer descriptors. Returns false when no
+    /// TX frame or ring slot is free.
+    pub fn send_with(&mut self, build: impl FnOnce(&mut [u8]) -> usize) -> bool {
+        let fs = self.frame_size as usize;
+        if self.tx_room() == 0 {
+            self.reap();
+            if self.tx_room() == 0 {
+                return false;
+            }
+        }
+        // Build in scratch, then spread over as many chunks as it needs.
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let len = build(&mut scratch[..self.max_frame()]);
+        if len == 0 || len > self.max_frame() {
+            self.scratch = scratch;
+            return false;
+        }
+        let nchunks = len.div_ceil(fs);
+        if nchunks > self.tx_room() {
+            self.scratch = scratch;
+            return false;
+        }
+        let mut descs: [XdpDesc; 32] = [XdpDesc {
+            addr: 0,
+            len: 0,
+            options: 0,
+        }; 32];
+        for (i, d) in descs.iter_mut().enumerate().take(nchunks) {
+            let addr = self.free.pop().expect("checked room");
+            let piece = (len - i * fs).min(fs);
+            self.chunk_mut(addr, piece)
+                .copy_from_slice(&scratch[i * fs..i * fs + piece]);
+            *d = XdpDesc {
+                addr,
+                len: piece as u32,
+                options: if i + 1 < nchunks { XDP_PKT_CONTD } else { 0 },
+            };
+        }
+        self.scratch = scratch;
+        let mut w = self.tx.transmit(nchunks as u32);
+        let n = w.insert(descs[..nchunks].iter().copied());
+        if n as usize != nchunks {
+            // Not all fit: cancel by not committing, give the chunks back.
+            drop(w);
+            for d in &descs[..nchunks] {
+                self.free.push(d.addr);
+            }
+            return false;
+        }
+        w.commit();
+        self.tx_frames += 1;
+        self.tx_pending_kick = true;
+        true
+    }
+
+    /// Sends `frame` (copied into UMEM).
+    pub fn send(&mut self, frame: &[u8]) -> bool {
+        self.send_with(|buf| {
+            if frame.len() > buf.len() {
+                return 0;
+            }
+            buf[..frame.len()].copy_from_slice(frame);
+            frame.len()
+        })
+    }
+
+    /// Tells the kernel about queued TX descriptors (needed in copy mode and
+    /// whenever the kernel asks for a wakeup).
+    pub fn kick(&mut self) {
+        if self.tx_pending_kick {
+            self.tx_pending_kick = false;
+            if self.tx.needs_wakeup() || self.mode == BindMode::Copy {
+                self.tx.wake();
+            }
+        }
+        self.reap();
+    }
+
+    /// Bytes of UMEM chunk `addr` (for tests).
+    pub fn peek(&self, addr: u64, len: usize) -> &[u8] {
+        self.chunk(addr, len)
+    }
+}
+
+/// Number of RX queues of an interface (from sysfs).
+pub fn rx_queues(ifname: &str) -> Result<u32> {
+    let dir = format!("/sys/class/net/{ifname}/queues");
+    let n = std::fs::read_dir(&dir)
+        .with_context(|| format!("interface {ifname} not found (no {dir})"))?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("rx-"))
+        .count();
+    Ok(n.max(1) as u32)
+}
