@@ -5,8 +5,12 @@
 //! the memory regions it reads and writes.
 
 pub mod capture;
+pub mod daemon;
+pub mod datapath;
 pub mod engine;
+pub mod hostnet;
 pub mod mr;
+pub mod proto;
 pub mod wire;
 pub mod xdp;
 pub mod xsk;

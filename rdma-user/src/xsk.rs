@@ -22,6 +22,8 @@ const XDP_USE_NEED_WAKEUP: u16 = 1 << 3;
 const XDP_USE_SG: u16 = 1 << 4;
 /// Descriptor option: more fragments of this packet follow.
 pub const XDP_PKT_CONTD: u32 = 1;
+/// Most chunks one frame may span (64 KiB of 4 KiB chunks, 2 KiB: 32).
+const MAX_FRAGS: usize = 32;
 
 /// How a socket ended up bound.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,6 +148,12 @@ pub struct Xsk {
     pub rx_dropped_oversize: u64,
 }
 
+// SAFETY: the only non-Send part is xdpilone's Umem, which holds a raw
+// pointer to our memfd mapping (owned by this struct) and reference-counted
+// fds (Arc, no Rc or Cell inside). The socket is moved to the data path
+// thread once and used from that one thread only.
+unsafe impl Send for Xsk {}
+
 impl Xsk {
     pub fn open(ifname: &str, queue: u32, cfg: XskConfig) -> Result<Xsk> {
         if cfg.zero_copy {
@@ -221,7 +229,14 @@ impl Xsk {
             fill_target: cfg.ring_size,
             mode,
             multi_buffer: cfg.multi_buffer,
-            scratch: vec![0u8; 64 * 1024],
+            scratch: vec![
+                0u8;
+                if cfg.multi_buffer {
+                    9216 + 4096
+                } else {
+                    cfg.frame_size as usize
+                }
+            ],
             tx_pending_kick: false,
             rx_frames: 0,
             tx_frames: 0,
@@ -255,13 +270,6 @@ impl Xsk {
         // SAFETY: within the mapping (checked), and the kernel handed this
         // frame to us (RX ring) so it does not write it concurrently.
         unsafe { std::slice::from_raw_parts(self.mem.as_ptr().add(off), len) }
-    }
-
-    fn chunk_mut(&mut self, addr: u64, len: usize) -> &mut [u8] {
-        let off = addr as usize;
-        assert!(off + len <= self.mem.len(), "descriptor outside UMEM");
-        // SAFETY: a free frame is owned by us alone.
-        unsafe { std::slice::from_raw_parts_mut(self.mem.as_ptr().add(off), len) }
     }
 
     /// Tops up the fill ring from the free list; what does not fit stays.
@@ -357,57 +365,52 @@ impl Xsk {
         self.free.len().saturating_sub(self.rx_reserve)
     }
 
-    /// Sends one frame built in place by `build` (which gets a buffer of
-    /// `max_frame()` bytes and returns the frame length). Frames larger than
-    /// one chunk go out as multi-buffer descriptors. Returns false when no
-    /// TX frame or ring slot is free.
+    /// Sends one frame built by `build` (which gets a buffer of
+    /// `max_frame()` bytes and returns the frame length, 0 for nothing).
+    /// Frames larger than one chunk go out as multi-buffer descriptors.
+    /// Ring slots and chunks for the largest frame are secured *before*
+    /// `build` runs, so a frame the caller produced is never dropped here.
+    /// Returns false when nothing was sent.
     pub fn send_with(&mut self, build: impl FnOnce(&mut [u8]) -> usize) -> bool {
         let fs = self.frame_size as usize;
-        if self.tx_room() == 0 {
+        let max_chunks = self.max_frame().div_ceil(fs).min(MAX_FRAGS);
+        if self.tx_room() < max_chunks {
             self.reap();
-            if self.tx_room() == 0 {
+            if self.tx_room() < max_chunks {
                 return false;
             }
         }
-        // Build in scratch, then spread over as many chunks as it needs.
-        let mut scratch = std::mem::take(&mut self.scratch);
-        let len = build(&mut scratch[..self.max_frame()]);
-        if len == 0 || len > self.max_frame() {
-            self.scratch = scratch;
+        let max = self.max_frame();
+        let mut w = self.tx.transmit(max_chunks as u32);
+        if (w.capacity() as usize) < max_chunks {
+            return false;
+        }
+        let len = build(&mut self.scratch[..max]);
+        if len == 0 || len > max {
             return false;
         }
         let nchunks = len.div_ceil(fs);
-        if nchunks > self.tx_room() {
-            self.scratch = scratch;
-            return false;
-        }
-        let mut descs: [XdpDesc; 32] = [XdpDesc {
+        let mut descs = [XdpDesc {
             addr: 0,
             len: 0,
             options: 0,
-        }; 32];
+        }; MAX_FRAGS];
         for (i, d) in descs.iter_mut().enumerate().take(nchunks) {
-            let addr = self.free.pop().expect("checked room");
+            let addr = self.free.pop().expect("room checked");
             let piece = (len - i * fs).min(fs);
-            self.chunk_mut(addr, piece)
-                .copy_from_slice(&scratch[i * fs..i * fs + piece]);
+            let off = addr as usize;
+            assert!(off + piece <= self.mem.len(), "chunk outside UMEM");
+            // SAFETY: a free chunk is ours alone, and inside the mapping.
+            let dst = unsafe { std::slice::from_raw_parts_mut(self.mem.as_ptr().add(off), piece) };
+            dst.copy_from_slice(&self.scratch[i * fs..i * fs + piece]);
             *d = XdpDesc {
                 addr,
                 len: piece as u32,
                 options: if i + 1 < nchunks { XDP_PKT_CONTD } else { 0 },
             };
         }
-        self.scratch = scratch;
-        let mut w = self.tx.transmit(nchunks as u32);
         let n = w.insert(descs[..nchunks].iter().copied());
-        if n as usize != nchunks {
-            // Not all fit: cancel by not committing, give the chunks back.
-            drop(w);
-            for d in &descs[..nchunks] {
-                self.free.push(d.addr);
-            }
-            return false;
-        }
+        debug_assert_eq!(n as usize, nchunks, "capacity checked");
         w.commit();
         self.tx_frames += 1;
         self.tx_pending_kick = true;

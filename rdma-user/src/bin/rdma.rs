@@ -1,1 +1,770 @@
-fn main() {}
+//! `rdma`: the daemon (`rdma up`), the CLI that drives it, and tools.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use rdma_user::daemon::{self, hex, unhex, UpOptions};
+use rdma_user::datapath::Limits;
+use rdma_user::proto::{Post, Request};
+use rdma_user::wire::*;
+use rdma_user::xdp::XdpMode;
+use serde_json::Value;
+
+#[derive(Parser)]
+#[command(
+    name = "rdma",
+    version,
+    about = "Software RoCEv2 over XDP/AF_XDP: daemon and CLI"
+)]
+struct Cli {
+    /// Daemon to talk to (by interface); needed only when several run in
+    /// this network namespace.
+    #[arg(long, global = true)]
+    iface: Option<String>,
+    /// Print raw JSON.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Start the daemon on an interface (attach XDP, open AF_XDP sockets).
+    Up(UpArgs),
+    /// XDP verdict counters and data path counters.
+    Stats,
+    /// Print every RoCEv2 packet of a pcap file, one line each.
+    Decode { file: PathBuf },
+    /// Memory regions.
+    #[command(subcommand)]
+    Mr(MrCmd),
+    /// Queue pairs.
+    #[command(subcommand)]
+    Qp(QpCmd),
+    /// Post a work request and wait for its completion.
+    Post(PostArgs),
+    /// Completions of a QP (receives, and any not yet shown).
+    Cq {
+        #[command(subcommand)]
+        cmd: CqCmd,
+    },
+    /// Send raw frames from this namespace (test tool).
+    #[command(hide = true)]
+    Inject {
+        #[arg(long = "dev")]
+        dev: String,
+        /// Frame as hex; repeat for several.
+        #[arg(long = "hex", required = true)]
+        frames: Vec<String>,
+    },
+    /// Attach XDP and one AF_XDP socket, print received frames as hex (test tool).
+    #[command(hide = true)]
+    XskRecv {
+        #[arg(long = "dev")]
+        dev: String,
+        #[arg(long, default_value_t = 1)]
+        count: usize,
+        #[arg(long, default_value_t = 5000)]
+        timeout_ms: u64,
+        #[arg(long, value_enum, default_value_t = XdpMode::Auto)]
+        xdp_mode: XdpMode,
+        #[arg(long)]
+        no_multi_buffer: bool,
+    },
+}
+
+#[derive(Args)]
+struct UpArgs {
+    /// Interface to attach to (inside the current network namespace).
+    #[arg(long = "dev", short = 'd', alias = "interface")]
+    dev: Option<String>,
+    #[arg(long, value_enum, default_value_t = XdpMode::Auto)]
+    xdp_mode: XdpMode,
+    /// RX queues to serve (default: all).
+    #[arg(long)]
+    queues: Option<u32>,
+    /// UMEM chunk size (2048 or 4096).
+    #[arg(long, default_value_t = 4096)]
+    frame_size: u32,
+    /// Disable multi-buffer (frames larger than a chunk are then dropped).
+    #[arg(long)]
+    no_multi_buffer: bool,
+    /// Do not try zero-copy.
+    #[arg(long)]
+    copy: bool,
+    /// Sleep when idle instead of busy-polling (tests, laptops).
+    #[arg(long)]
+    adaptive: bool,
+    /// Pin the data path thread to this CPU.
+    #[arg(long)]
+    cpu: Option<usize>,
+    /// TCP port for QP exchange with peer daemons.
+    #[arg(long, default_value_t = 18516)]
+    cm_port: u16,
+    #[arg(long, default_value_t = 256)]
+    max_qp: usize,
+    #[arg(long, default_value_t = 1024)]
+    max_mr: usize,
+    /// Drop RoCEv2 packets for QPNs that are not live, or from the wrong peer,
+    /// in XDP.
+    #[arg(long)]
+    firewall: bool,
+}
+
+#[derive(Subcommand)]
+enum MrCmd {
+    /// Register a new memory region.
+    Reg {
+        #[arg(long)]
+        len: usize,
+        /// Comma-separated: local-write, remote-write, remote-read, remote-atomic, all.
+        #[arg(
+            long,
+            default_value = "local-write,remote-write,remote-read,remote-atomic"
+        )]
+        access: String,
+    },
+    List,
+    Dereg {
+        key: String,
+    },
+    /// Hexdump part of a region.
+    Read {
+        key: String,
+        #[arg(long, default_value_t = 0)]
+        offset: u64,
+        #[arg(long, default_value_t = 64)]
+        len: u64,
+    },
+    /// Write bytes into a region.
+    Write {
+        key: String,
+        #[arg(long, default_value_t = 0)]
+        offset: u64,
+        #[arg(long, conflicts_with = "file")]
+        data: Option<String>,
+        #[arg(long)]
+        file: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum QpCmd {
+    /// Create an RC QP (and its CQ).
+    Create {
+        #[arg(long)]
+        depth: Option<u32>,
+    },
+    /// Connect a QP: through the peer's daemon (--peer), or with known values.
+    Connect {
+        qpn: String,
+        /// Peer daemon address (IP or IP:PORT) to exchange QP details with.
+        #[arg(long, conflicts_with_all = ["remote_ip", "remote_psn"])]
+        peer: Option<String>,
+        #[arg(long)]
+        remote_qpn: String,
+        #[arg(long)]
+        remote_ip: Option<String>,
+        #[arg(long)]
+        remote_psn: Option<String>,
+        #[arg(long)]
+        remote_mac: Option<String>,
+        /// Our initial PSN (default random).
+        #[arg(long)]
+        psn: Option<String>,
+        #[arg(long, default_value_t = 1024)]
+        mtu: u32,
+    },
+    List,
+    Destroy {
+        qpn: String,
+    },
+}
+
+#[derive(Args)]
+struct PostArgs {
+    /// write, read, send, recv, cmp-swap or fetch-add
+    op: String,
+    #[arg(long)]
+    qp: String,
+    /// Local memory region (lkey or rkey).
+    #[arg(long)]
+    key: String,
+    #[arg(long, default_value_t = 0)]
+    offset: u64,
+    #[arg(long)]
+    len: Option<u64>,
+    /// Bytes (hex) to place in the local region first.
+    #[arg(long)]
+    data: Option<String>,
+    #[arg(long)]
+    remote_addr: Option<String>,
+    #[arg(long)]
+    rkey: Option<String>,
+    #[arg(long)]
+    imm: Option<String>,
+    #[arg(long)]
+    compare: Option<String>,
+    #[arg(long)]
+    swap: Option<String>,
+    #[arg(long)]
+    add: Option<String>,
+    #[arg(long, default_value_t = 5000)]
+    timeout_ms: u64,
+}
+
+#[derive(Subcommand)]
+enum CqCmd {
+    Poll {
+        #[arg(long)]
+        qp: String,
+        #[arg(long, default_value_t = 16)]
+        max: usize,
+        #[arg(long, default_value_t = 0)]
+        wait_ms: u64,
+    },
+}
+
+fn num(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let r = if let Some(h) = t.strip_prefix("0x") {
+        u64::from_str_radix(h, 16)
+    } else {
+        t.parse()
+    };
+    r.map_err(|_| anyhow!("'{s}' is not a number (decimal or 0x-hex)"))
+}
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let cli = Cli::parse();
+    if let Err(e) = run(cli) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let json = cli.json;
+    match cli.cmd {
+        Cmd::Up(a) => {
+            let iface = a
+                .dev
+                .or(cli.iface)
+                .ok_or_else(|| anyhow!("which interface? pass --dev IF (see `ip link`)"))?;
+            daemon::run(UpOptions {
+                iface,
+                xdp_mode: a.xdp_mode,
+                queues: a.queues,
+                frame_size: a.frame_size,
+                multi_buffer: !a.no_multi_buffer,
+                zero_copy: !a.copy,
+                adaptive: a.adaptive,
+                cpu: a.cpu,
+                cm_port: a.cm_port,
+                limits: Limits {
+                    max_qp: a.max_qp,
+                    max_mr: a.max_mr,
+                    ..Default::default()
+                },
+                firewall: a.firewall,
+            })
+        }
+        Cmd::Decode { file } => decode(&file),
+        Cmd::Inject { dev, frames } => inject(&dev, &frames),
+        Cmd::XskRecv {
+            dev,
+            count,
+            timeout_ms,
+            xdp_mode,
+            no_multi_buffer,
+        } => xsk_recv(&dev, count, timeout_ms, xdp_mode, !no_multi_buffer),
+        Cmd::Stats => {
+            let v = call(&cli.iface, &Request::Stats)?;
+            if json {
+                println!("{v}");
+            } else {
+                println!(
+                    "{} ({})",
+                    v["iface"].as_str().unwrap_or("?"),
+                    v["mode"].as_str().unwrap_or("?")
+                );
+                println!("XDP verdicts:");
+                for (k, n) in v["xdp"].as_object().into_iter().flatten() {
+                    println!("  {k:<22} {n}");
+                }
+                println!("data path:");
+                for (k, n) in v["datapath"].as_object().into_iter().flatten() {
+                    println!("  {k:<22} {n}");
+                }
+            }
+            Ok(())
+        }
+        Cmd::Mr(m) => {
+            let req = match m {
+                MrCmd::Reg { len, access } => Request::MrReg { len, access },
+                MrCmd::List => Request::MrList,
+                MrCmd::Dereg { key } => Request::MrDereg { key },
+                MrCmd::Read { key, offset, len } => Request::MrRead { key, offset, len },
+                MrCmd::Write {
+                    key,
+                    offset,
+                    data,
+                    file,
+                } => {
+                    let data =
+                        match (data, file) {
+                            (Some(d), _) => {
+                                unhex(&d)?;
+                                d
+                            }
+                            (None, Some(f)) => hex(&std::fs::read(&f)
+                                .with_context(|| format!("read {}", f.display()))?),
+                            (None, None) => bail!("give --data HEX or --file PATH"),
+                        };
+                    Request::MrWrite { key, offset, data }
+                }
+            };
+            let v = call(&cli.iface, &req)?;
+            if json {
+                println!("{v}");
+                return Ok(());
+            }
+            match &req {
+                Request::MrReg { .. } => println!(
+                    "addr 0x{:x} len {} lkey 0x{:08x} rkey 0x{:08x} access {}",
+                    v["addr"].as_u64().unwrap_or(0),
+                    v["len"],
+                    v["lkey"].as_u64().unwrap_or(0),
+                    v["rkey"].as_u64().unwrap_or(0),
+                    v["access"].as_str().unwrap_or("")
+                ),
+                Request::MrList => {
+                    println!(
+                        "{:<18} {:>10} {:>10} {:>10}  access",
+                        "addr", "len", "lkey", "rkey"
+                    );
+                    for m in v["mrs"].as_array().into_iter().flatten() {
+                        println!(
+                            "0x{:<16x} {:>10} 0x{:08x} 0x{:08x}  {}",
+                            m["addr"].as_u64().unwrap_or(0),
+                            m["len"],
+                            m["lkey"].as_u64().unwrap_or(0),
+                            m["rkey"].as_u64().unwrap_or(0),
+                            m["access"].as_str().unwrap_or("")
+                        );
+                    }
+                }
+                Request::MrRead { offset, .. } => {
+                    let bytes = unhex(v["data"].as_str().unwrap_or(""))?;
+                    hexdump(*offset, &bytes);
+                }
+                Request::MrDereg { .. } => println!(
+                    "deregistered lkey 0x{:08x}",
+                    v["lkey"].as_u64().unwrap_or(0)
+                ),
+                Request::MrWrite { .. } => println!("wrote {} bytes", v["written"]),
+                _ => {}
+            }
+            Ok(())
+        }
+        Cmd::Qp(q) => {
+            let req = match q {
+                QpCmd::Create { depth } => Request::QpCreate { depth },
+                QpCmd::List => Request::QpList,
+                QpCmd::Destroy { qpn } => Request::QpDestroy {
+                    qpn: num(&qpn)? as u32,
+                },
+                QpCmd::Connect {
+                    qpn,
+                    peer,
+                    remote_qpn,
+                    remote_ip,
+                    remote_psn,
+                    remote_mac,
+                    psn,
+                    mtu,
+                } => {
+                    let qpn = num(&qpn)? as u32;
+                    let remote_qpn = num(&remote_qpn)? as u32;
+                    match peer {
+                        Some(peer) => Request::QpPeer {
+                            qpn,
+                            peer,
+                            remote_qpn,
+                            mtu: Some(mtu),
+                        },
+                        None => Request::QpConnect {
+                            qpn,
+                            remote_ip: remote_ip.ok_or_else(|| {
+                                anyhow!("give --peer ADDR, or --remote-ip, --remote-qpn and --remote-psn")
+                            })?,
+                            remote_qpn,
+                            remote_psn: num(remote_psn.as_deref().ok_or_else(|| anyhow!("--remote-psn is required with --remote-ip"))?)? as u32,
+                            remote_mac,
+                            psn: psn.as_deref().map(num).transpose()?.map(|p| p as u32),
+                            mtu: Some(mtu),
+                        },
+                    }
+                }
+            };
+            let v = call(&cli.iface, &req)?;
+            if json {
+                println!("{v}");
+                return Ok(());
+            }
+            match &req {
+                Request::QpCreate { .. } => {
+                    println!("qpn 0x{:06x}", v["qpn"].as_u64().unwrap_or(0))
+                }
+                Request::QpList => {
+                    println!(
+                        "{:<8} {:<5} {:<8} {:<8} {:<8} {:>5} {:<16} counters",
+                        "qpn", "state", "dest", "sq_psn", "rq_psn", "mtu", "peer"
+                    );
+                    for q in v["qps"].as_array().into_iter().flatten() {
+                        println!(
+                            "0x{:06x} {:<5} 0x{:06x} 0x{:06x} 0x{:06x} {:>5} {:<16} {}",
+                            q["qpn"].as_u64().unwrap_or(0),
+                            q["state"].as_str().unwrap_or(""),
+                            q["dest_qpn"].as_u64().unwrap_or(0),
+                            q["sq_psn"].as_u64().unwrap_or(0),
+                            q["rq_psn"].as_u64().unwrap_or(0),
+                            q["mtu"],
+                            q["peer"].as_str().unwrap_or("-"),
+                            q["stats"]
+                        );
+                    }
+                }
+                Request::QpDestroy { qpn } => println!("destroyed qpn 0x{qpn:06x}"),
+                _ => println!(
+                    "qpn 0x{:06x} connected to {} qpn 0x{:06x} (our psn 0x{:06x}, mtu {})",
+                    v["qpn"].as_u64().unwrap_or(0),
+                    v["peer_ip"].as_str().unwrap_or("?"),
+                    v["remote_qpn"].as_u64().unwrap_or(0),
+                    v["psn"].as_u64().unwrap_or(0),
+                    v["mtu"]
+                ),
+            }
+            Ok(())
+        }
+        Cmd::Post(p) => {
+            let req = Request::Post(Post {
+                op: p.op.clone(),
+                qpn: num(&p.qp)? as u32,
+                key: p.key,
+                offset: p.offset,
+                len: p.len,
+                data: p.data,
+                remote_addr: p.remote_addr.as_deref().map(num).transpose()?,
+                rkey: p.rkey,
+                imm: p.imm.as_deref().map(num).transpose()?.map(|v| v as u32),
+                compare: p.compare.as_deref().map(num).transpose()?,
+                swap: p.swap.as_deref().map(num).transpose()?,
+                add: p.add.as_deref().map(num).transpose()?,
+                timeout_ms: Some(p.timeout_ms),
+                no_wait: false,
+            });
+            let v = call(&cli.iface, &req)?;
+            if json {
+                println!("{v}");
+            } else if p.op == "recv" {
+                println!("posted recv wr_id {}", v["wr_id"]);
+            } else {
+                let wc = &v["wc"];
+                print!(
+                    "wr_id {} {} {} byte_len {}",
+                    wc["wr_id"],
+                    wc["opcode"].as_str().unwrap_or(""),
+                    wc["status"].as_str().unwrap_or(""),
+                    wc["byte_len"]
+                );
+                if let Some(o) = v["original"].as_u64() {
+                    print!(" original 0x{o:x} ({o})");
+                }
+                println!();
+            }
+            let status = v["wc"]["status"].as_str().unwrap_or("success");
+            if status != "success" {
+                bail!("work request failed: {status}");
+            }
+            Ok(())
+        }
+        Cmd::Cq {
+            cmd: CqCmd::Poll { qp, max, wait_ms },
+        } => {
+            let v = call(
+                &cli.iface,
+                &Request::CqPoll {
+                    qpn: num(&qp)? as u32,
+                    max: Some(max),
+                    wait_ms: Some(wait_ms),
+                },
+            )?;
+            if json {
+                println!("{v}");
+            } else {
+                for wc in v["wcs"].as_array().into_iter().flatten() {
+                    println!(
+                        "wr_id {} {} {} byte_len {}{}",
+                        wc["wr_id"],
+                        wc["opcode"].as_str().unwrap_or(""),
+                        wc["status"].as_str().unwrap_or(""),
+                        wc["byte_len"],
+                        wc["imm"]
+                            .as_u64()
+                            .map(|i| format!(" imm 0x{i:x}"))
+                            .unwrap_or_default()
+                    );
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+fn find_socket(iface: &Option<String>) -> Result<PathBuf> {
+    if let Some(i) = iface {
+        return Ok(daemon::socket_path(i));
+    }
+    let dir = rdma_user::hostnet::run_dir();
+    let socks: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "sock"))
+                .collect()
+        })
+        .unwrap_or_default();
+    match socks.len() {
+        0 => bail!(
+            "no daemon is running in this network namespace; start one with `rdma up --dev IF`"
+        ),
+        1 => Ok(socks[0].clone()),
+        _ => bail!(
+            "several daemons run here ({}); say which with --iface IF",
+            socks
+                .iter()
+                .filter_map(|p| p.file_stem().map(|s| s.to_string_lossy().to_string()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+/// One request to the daemon; errors come back as one clear line.
+fn call(iface: &Option<String>, req: &Request) -> Result<Value> {
+    let path = find_socket(iface)?;
+    let mut s = UnixStream::connect(&path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => anyhow!(
+            "no daemon on {} ({}); start one with `rdma up --dev IF`",
+            iface.as_deref().unwrap_or("this interface"),
+            path.display()
+        ),
+        std::io::ErrorKind::PermissionDenied => {
+            anyhow!(
+                "permission denied on {}: only root may use the daemon",
+                path.display()
+            )
+        }
+        _ => anyhow!("connect {}: {e}", path.display()),
+    })?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    writeln!(s, "{}", serde_json::to_string(req)?)?;
+    let mut line = String::new();
+    BufReader::new(&s).read_line(&mut line)?;
+    let v: Value = serde_json::from_str(&line).context("bad reply from the daemon")?;
+    if v["ok"] != Value::Bool(true) {
+        bail!("{}", v["error"].as_str().unwrap_or("daemon error"));
+    }
+    Ok(v)
+}
+
+fn hexdump(base: u64, b: &[u8]) {
+    for (i, chunk) in b.chunks(16).enumerate() {
+        let hexs: Vec<String> = chunk.iter().map(|x| format!("{x:02x}")).collect();
+        let ascii: String = chunk
+            .iter()
+            .map(|&c| {
+                if (0x20..0x7f).contains(&c) {
+                    c as char
+                } else {
+                    '.'
+                }
+            })
+            .collect();
+        println!(
+            "{:08x}  {:<47}  |{}|",
+            base + (i * 16) as u64,
+            hexs.join(" "),
+            ascii
+        );
+    }
+}
+
+fn decode(file: &PathBuf) -> Result<()> {
+    let frames = rdma_user::capture::read_pcap(file)?;
+    let t0 = frames.first().map(|f| f.ts).unwrap_or(0.0);
+    for f in &frames {
+        let Ok((r, l)) = RoceRepr::parse_unchecked_icrc(&f.data) else {
+            continue;
+        };
+        let icrc_ok = icrc(&f.data[l.l3..l.end - ICRC_LEN])
+            .map(|c| c == l.icrc)
+            .unwrap_or(false);
+        let (src, dst) = match r.ip {
+            IpRepr::V4(ip) => (
+                std::net::Ipv4Addr::from(ip.src).to_string(),
+                std::net::Ipv4Addr::from(ip.dst).to_string(),
+            ),
+            IpRepr::V6(ip) => (
+                std::net::Ipv6Addr::from(ip.src).to_string(),
+                std::net::Ipv6Addr::from(ip.dst).to_string(),
+            ),
+        };
+        let t = r.transport;
+        let mut line = format!(
+            "{:10.6} {} > {} {} DQP=0x{:06x} PSN=0x{:06x} A={}",
+            f.ts - t0,
+            src,
+            dst,
+            opcode_name(t.bth.opcode),
+            t.bth.dest_qpn,
+            t.bth.psn,
+            t.bth.ack_req as u8
+        );
+        if let Some(x) = t.reth {
+            line += &format!(
+                " RETH[VA=0x{:x} R_Key=0x{:x} DMALen={}]",
+                x.va, x.rkey, x.dma_len
+            );
+        }
+        if let Some(x) = t.atomic_eth {
+            line += &format!(
+                " AtomicETH[VA=0x{:x} R_Key=0x{:x} SwapAdd=0x{:x} Cmp=0x{:x}]",
+                x.va, x.rkey, x.swap_add, x.compare
+            );
+        }
+        if let Some(x) = t.deth {
+            line += &format!(" DETH[Q_Key=0x{:x} SrcQP=0x{:06x}]", x.qkey, x.src_qpn);
+        }
+        if let Some(x) = t.aeth {
+            line += &format!(
+                " AETH[syndrome=0x{:02x} {:?} MSN={}]",
+                x.syndrome,
+                Syndrome::decode(x.syndrome),
+                x.msn
+            );
+        }
+        if let Some(x) = t.atomic_ack {
+            line += &format!(" AtomicAckETH[orig=0x{x:x}]");
+        }
+        if let Some(x) = t.imm {
+            line += &format!(" ImmDt=0x{x:08x}");
+        }
+        if let Some(x) = t.ieth {
+            line += &format!(" IETH[R_Key=0x{x:x}]");
+        }
+        line += &format!(
+            " payload={} ICRC={}",
+            l.payload.len(),
+            if icrc_ok { "ok" } else { "BAD" }
+        );
+        println!("{line}");
+    }
+    Ok(())
+}
+
+/// Sends raw Ethernet frames through an AF_PACKET socket.
+fn inject(dev: &str, frames: &[String]) -> Result<()> {
+    let ifindex = {
+        let c = std::ffi::CString::new(dev)?;
+        // SAFETY: FFI with a valid C string.
+        unsafe { libc::if_nametoindex(c.as_ptr()) }
+    };
+    if ifindex == 0 {
+        bail!("interface {dev} not found");
+    }
+    // SAFETY: plain socket syscalls; errors checked.
+    unsafe {
+        let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0);
+        if fd < 0 {
+            bail!(
+                "AF_PACKET socket: {} (needs root)",
+                std::io::Error::last_os_error()
+            );
+        }
+        for h in frames {
+            let f = unhex(h)?;
+            let mut sll: libc::sockaddr_ll = std::mem::zeroed();
+            sll.sll_family = libc::AF_PACKET as u16;
+            sll.sll_ifindex = ifindex as i32;
+            sll.sll_halen = 6;
+            sll.sll_addr[..6].copy_from_slice(&f[..6]);
+            let n = libc::sendto(
+                fd,
+                f.as_ptr() as *const _,
+                f.len(),
+                0,
+                &sll as *const _ as *const libc::sockaddr,
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            );
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                libc::close(fd);
+                bail!("send {} bytes on {dev}: {e}", f.len());
+            }
+        }
+        libc::close(fd);
+    }
+    Ok(())
+}
+
+/// Attaches the classifier and one AF_XDP socket, prints each received frame
+/// as hex, then the XDP counters as JSON.
+fn xsk_recv(
+    dev: &str,
+    count: usize,
+    timeout_ms: u64,
+    mode: XdpMode,
+    multi_buffer: bool,
+) -> Result<()> {
+    let mut prog = rdma_user::xdp::XdpProgram::attach(dev, mode)?;
+    let mut x = rdma_user::xsk::Xsk::open(
+        dev,
+        0,
+        rdma_user::xsk::XskConfig {
+            multi_buffer,
+            frames: 1024,
+            ring_size: 512,
+            ..Default::default()
+        },
+    )?;
+    prog.set_socket(0, x.fd())?;
+    println!("ready");
+    std::io::stdout().flush()?;
+    let start = Instant::now();
+    let mut got = 0;
+    while got < count && start.elapsed() < Duration::from_millis(timeout_ms) {
+        let n = x.recv(16, |f| println!("frame {}", hex(f)));
+        got += n as usize;
+        if n == 0 {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        std::io::stdout().flush()?;
+    }
+    let s = prog.stats()?;
+    let names = rdma_user::xdp::stat_names();
+    let m: serde_json::Map<String, Value> = s
+        .iter()
+        .enumerate()
+        .map(|(i, v)| (names[i].to_string(), Value::from(*v)))
+        .collect();
+    println!("stats {}", Value::Object(m));
+    Ok(())
+}

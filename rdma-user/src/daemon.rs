@@ -1,0 +1,952 @@
+//! The controller daemon (`rdma up`): owns the XDP program and AF_XDP
+//! sockets of one interface, runs the data path on its own thread, and serves
+//! the CLI over a root-only unix socket. tokio runs the control plane only.
+//!
+//! The control plane talks to the data path by sending it closures to run
+//! between two polls; the data path never blocks, locks or allocates for a
+//! packet.
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::io::Write as _;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+
+use crate::datapath::{DataPath, Limits, Path};
+use crate::engine::{QpCap, RecvWr, SendFlags, SendWr, Sge, Wc, WcOpcode, WrOpcode};
+use crate::hostnet;
+use crate::mr::Access;
+use crate::proto::{Request, WcJson};
+use crate::xdp::{XdpMode, XdpProgram};
+use crate::xsk::{rx_queues, Xsk, XskConfig};
+
+#[derive(Debug, Clone)]
+pub struct UpOptions {
+    pub iface: String,
+    pub xdp_mode: XdpMode,
+    pub queues: Option<u32>,
+    pub frame_size: u32,
+    pub multi_buffer: bool,
+    pub zero_copy: bool,
+    /// Sleep when idle instead of spinning.
+    pub adaptive: bool,
+    pub cpu: Option<usize>,
+    pub cm_port: u16,
+    pub limits: Limits,
+    pub firewall: bool,
+}
+
+type Job = Box<dyn FnOnce(&mut DataPath) -> Result<Value> + Send>;
+type JobMsg = (Job, tokio::sync::oneshot::Sender<Result<Value>>);
+
+/// Control-plane state shared by the connection handlers.
+struct Ctl {
+    jobs: mpsc::Sender<JobMsg>,
+    xdp: Mutex<XdpProgram>,
+    iface: String,
+    mac: [u8; 6],
+    /// Per QP: its CQ and completions read from it but not yet shown.
+    qp_cq: Mutex<HashMap<u32, (u32, VecDeque<Wc>)>>,
+    next_wr_id: std::sync::atomic::AtomicU64,
+    firewall: bool,
+    stop: Arc<AtomicBool>,
+    socket_mode: String,
+}
+
+impl Ctl {
+    async fn run<F>(&self, f: F) -> Result<Value>
+    where
+        F: FnOnce(&mut DataPath) -> Result<Value> + Send + 'static,
+    {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.jobs
+            .send((Box::new(f), tx))
+            .map_err(|_| anyhow!("data path has stopped"))?;
+        rx.await.map_err(|_| anyhow!("data path has stopped"))?
+    }
+}
+
+fn lock_path(iface: &str) -> PathBuf {
+    hostnet::run_dir().join(format!("{iface}.lock"))
+}
+
+pub fn socket_path(iface: &str) -> PathBuf {
+    hostnet::run_dir().join(format!("{iface}.sock"))
+}
+
+/// Takes the per-interface lock; refuses while another daemon holds it.
+fn take_lock(iface: &str) -> Result<File> {
+    let dir = hostnet::run_dir();
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+    let path = lock_path(iface);
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("open {}", path.display()))?;
+    // SAFETY: flock on an fd we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let pid = std::fs::read_to_string(&path).unwrap_or_default();
+        bail!(
+            "a daemon is already running on {iface} (pid {}); stop it first (Ctrl-C or kill {})",
+            pid.trim(),
+            pid.trim()
+        );
+    }
+    f.set_len(0)?;
+    write!(f, "{}", std::process::id())?;
+    Ok(f)
+}
+
+/// After a daemon died by SIGKILL: a program attached through the netlink
+/// fallback stays on the interface, and its socket file stays on disk. We
+/// hold the lock, so nothing alive owns them.
+fn clean_stale(iface: &str) {
+    let _ = std::fs::remove_file(socket_path(iface));
+    let out = std::process::Command::new("ip")
+        .args(["-d", "link", "show", "dev", iface])
+        .output();
+    if let Ok(o) = out {
+        let text = String::from_utf8_lossy(&o.stdout);
+        if text.contains("prog/xdp") || text.contains(" xdp") {
+            log::warn!("{iface}: removing an XDP program left behind by a previous daemon");
+            for mode in ["xdp", "xdpgeneric", "xdpdrv"] {
+                let _ = std::process::Command::new("ip")
+                    .args(["link", "set", "dev", iface, mode, "off"])
+                    .status();
+            }
+        }
+    }
+}
+
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: cpu_set_t manipulation on a local value.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            log::warn!(
+                "cannot pin the data path to CPU {cpu}: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+/// The data path thread: run control jobs between polls; spin, or back off
+/// to short sleeps when idle (adaptive).
+fn data_path_loop(
+    mut dp: DataPath,
+    jobs: mpsc::Receiver<JobMsg>,
+    stop: Arc<AtomicBool>,
+    adaptive: bool,
+    cpu: Option<usize>,
+) -> DataPath {
+    if let Some(c) = cpu {
+        pin_to_cpu(c);
+    }
+    let mut idle: u32 = 0;
+    while !stop.load(Ordering::Relaxed) {
+        while let Ok((job, reply)) = jobs.try_recv() {
+            let r = job(&mut dp);
+            let _ = reply.send(r);
+            idle = 0;
+        }
+        let (work, next) = dp.poll();
+        if work {
+            idle = 0;
+            continue;
+        }
+        idle = idle.saturating_add(1);
+        if adaptive && idle > 256 {
+            // Sleep at most until the next engine timer, and never long:
+            // a packet arriving meanwhile waits in the RX ring.
+            let mut d = Duration::from_micros(50u64 << (idle / 1024).min(4));
+            if let Some(t) = next {
+                let now = dp.now();
+                d = d.min(Duration::from_nanos(t.saturating_sub(now)));
+            }
+            std::thread::sleep(d);
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+    dp
+}
+
+pub fn run(opts: UpOptions) -> Result<()> {
+    let iface = opts.iface.clone();
+    if !std::path::Path::new(&format!("/sys/class/net/{iface}")).exists() {
+        bail!("interface {iface} not found; check `ip link` (inside the right namespace)");
+    }
+    let lock = take_lock(&iface)?;
+    clean_stale(&iface);
+    let mut xdp = XdpProgram::attach(&iface, opts.xdp_mode)?;
+    xdp.set_firewall(opts.firewall)?;
+    let queues = match opts.queues {
+        Some(q) => q,
+        None => rx_queues(&iface)?,
+    };
+    let mut xsks = Vec::new();
+    for q in 0..queues {
+        let x = Xsk::open(
+            &iface,
+            q,
+            XskConfig {
+                frame_size: opts.frame_size,
+                multi_buffer: opts.multi_buffer,
+                zero_copy: opts.zero_copy,
+                ..Default::default()
+            },
+        )
+        .with_context(|| format!("AF_XDP socket on {iface} queue {q}"))?;
+        xdp.set_socket(q, x.fd())?;
+        xsks.push(x);
+    }
+    let socket_mode = format!(
+        "{} XDP, {} AF_XDP x{}{}",
+        if xdp.native { "native" } else { "generic" },
+        match xsks[0].mode {
+            crate::xsk::BindMode::ZeroCopy => "zero-copy",
+            crate::xsk::BindMode::Copy => "copy-mode",
+        },
+        queues,
+        if opts.multi_buffer {
+            ", multi-buffer"
+        } else {
+            ""
+        }
+    );
+    let mac = hostnet::iface_mac(&iface)?;
+    let dp = DataPath::new(xsks, opts.limits);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (jtx, jrx) = mpsc::channel::<JobMsg>();
+    let dp_thread = {
+        let stop = stop.clone();
+        let (adaptive, cpu) = (opts.adaptive, opts.cpu);
+        std::thread::Builder::new()
+            .name("rdma-datapath".into())
+            .spawn(move || data_path_loop(dp, jrx, stop, adaptive, cpu))?
+    };
+    let ctl = Arc::new(Ctl {
+        jobs: jtx,
+        xdp: Mutex::new(xdp),
+        iface: iface.clone(),
+        mac,
+        qp_cq: Mutex::new(HashMap::new()),
+        next_wr_id: std::sync::atomic::AtomicU64::new(1),
+        firewall: opts.firewall,
+        stop: stop.clone(),
+        socket_mode: socket_mode.clone(),
+    });
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let sock = socket_path(&iface);
+    let result = rt.block_on(control_plane(ctl.clone(), sock.clone(), opts.cm_port));
+    stop.store(true, Ordering::Relaxed);
+    // Flush outstanding work: every QP goes to ERR, its WRs complete with
+    // WR_FLUSH_ERR, then the program and sockets go.
+    let mut dp = dp_thread
+        .join()
+        .map_err(|_| anyhow!("data path thread panicked"))?;
+    let mut flushed = 0;
+    for qpn in dp.core.qpns() {
+        let before = dp.core.stats.cq_overflows;
+        let _ = dp.core.destroy_qp(qpn);
+        let _ = before;
+    }
+    let mut buf = [Wc {
+        wr_id: 0,
+        status: crate::engine::WcStatus::Success,
+        opcode: WcOpcode::Send,
+        byte_len: 0,
+        imm: None,
+        qp_num: 0,
+    }; 64];
+    if let Ok(map) = ctl.qp_cq.lock() {
+        for (_, (cq, _)) in map.iter() {
+            if let Some(c) = dp.core.cq_mut(*cq) {
+                loop {
+                    let n = c.poll(&mut buf);
+                    if n == 0 {
+                        break;
+                    }
+                    flushed += buf[..n]
+                        .iter()
+                        .filter(|w| w.status == crate::engine::WcStatus::WrFlushErr)
+                        .count();
+                }
+            }
+        }
+    }
+    drop(dp);
+    drop(ctl);
+    let _ = std::fs::remove_file(&sock);
+    drop(lock);
+    eprintln!("{iface}: stopped; {flushed} outstanding work requests flushed (WR_FLUSH_ERR); XDP detached");
+    result
+}
+
+async fn control_plane(ctl: Arc<Ctl>, sock: PathBuf, cm_port: u16) -> Result<()> {
+    let _ = std::fs::remove_file(&sock);
+    let listener = UnixListener::bind(&sock).with_context(|| format!("bind {}", sock.display()))?;
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))?;
+    let cm = TcpListener::bind(("0.0.0.0", cm_port))
+        .await
+        .with_context(|| {
+            format!("listen on TCP port {cm_port} for peer QP exchange (--cm-port)")
+        })?;
+    eprintln!(
+        "{}: up ({}); control socket {}; QP exchange on TCP {}",
+        ctl.iface,
+        ctl.socket_mode,
+        sock.display(),
+        cm_port
+    );
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut log_tick = tokio::time::interval(Duration::from_millis(200));
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            _ = term.recv() => break,
+            _ = log_tick.tick() => {
+                if let Ok(mut x) = ctl.xdp.lock() { x.flush_log(); }
+                if ctl.stop.load(Ordering::Relaxed) { break; }
+            }
+            c = listener.accept() => {
+                let (stream, _) = c?;
+                let ctl = ctl.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = serve_cli(ctl, stream).await {
+                        log::debug!("control connection: {e:#}");
+                    }
+                });
+            }
+            c = cm.accept() => {
+                let (stream, peer) = c?;
+                let ctl = ctl.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = serve_peer(ctl, stream, peer).await {
+                        log::warn!("QP exchange with {peer}: {e:#}");
+                    }
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Only root may drive the daemon (the socket is 0600 too; this also
+/// refuses a root-owned fd passed to someone else).
+fn peer_is_root(stream: &UnixStream) -> bool {
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt into a local struct of the right size.
+    let r = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut cred as *mut _ as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    r == 0 && cred.uid == 0
+}
+
+async fn serve_cli(ctl: Arc<Ctl>, stream: UnixStream) -> Result<()> {
+    if !peer_is_root(&stream) {
+        let (_, mut w) = stream.into_split();
+        w.write_all(b"{\"ok\":false,\"error\":\"permission denied: only root may use the control socket\"}\n")
+            .await?;
+        return Ok(());
+    }
+    let (r, mut w) = stream.into_split();
+    let mut lines = BufReader::new(r).lines();
+    while let Some(line) = lines.next_line().await? {
+        if line.len() > 1 << 20 {
+            bail!("request too long");
+        }
+        let resp = match serde_json::from_str::<Request>(&line) {
+            Ok(req) => match handle(&ctl, req).await {
+                Ok(mut v) => {
+                    if let Value::Object(m) = &mut v {
+                        m.insert("ok".into(), Value::Bool(true));
+                    }
+                    v
+                }
+                Err(e) => json!({"ok": false, "error": format!("{e:#}")}),
+            },
+            Err(e) => json!({"ok": false, "error": format!("malformed request: {e}")}),
+        };
+        w.write_all(format!("{resp}\n").as_bytes()).await?;
+    }
+    Ok(())
+}
+
+fn parse_key(s: &str) -> Result<u32> {
+    let t = s.trim();
+    let v = if let Some(h) = t.strip_prefix("0x") {
+        u32::from_str_radix(h, 16)
+    } else {
+        t.parse()
+    };
+    v.map_err(|_| anyhow!("'{s}' is not a key (decimal or 0x-hex)"))
+}
+
+/// A local MR by lkey or rkey; returns (lkey, addr, len).
+fn find_mr(dp: &DataPath, key: u32) -> Result<(u32, u64, usize)> {
+    let mr = dp
+        .core
+        .mem
+        .by_lkey(key)
+        .or_else(|| dp.core.mem.by_rkey(key))
+        .ok_or_else(|| anyhow!("unknown memory region key {key:#x}; see `rdma mr list`"))?;
+    Ok((mr.lkey, mr.addr, mr.len()))
+}
+
+fn check_range(offset: u64, len: u64, mr_len: usize) -> Result<()> {
+    if offset.checked_add(len).is_none_or(|e| e > mr_len as u64) {
+        bail!(
+            "offset {offset} + length {len} is out of range: the memory region has {mr_len} bytes"
+        );
+    }
+    Ok(())
+}
+
+async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
+    match req {
+        Request::Stats => {
+            let xdp = {
+                let x = ctl.xdp.lock().map_err(|_| anyhow!("lock"))?;
+                let s = x.stats()?;
+                let names = crate::xdp::stat_names();
+                let mut m = serde_json::Map::new();
+                for (i, v) in s.iter().enumerate() {
+                    m.insert(names[i].to_string(), json!(v));
+                }
+                Value::Object(m)
+            };
+            let dp = ctl
+                .run(|dp| {
+                    let xsk: Vec<Value> = dp
+                        .xsks
+                        .iter()
+                        .map(|x| json!({"rx_frames": x.rx_frames, "tx_frames": x.tx_frames, "rx_oversize": x.rx_dropped_oversize}))
+                        .collect();
+                    Ok(json!({"datapath": dp.core.stats, "xsk": xsk}))
+                })
+                .await?;
+            Ok(json!({"iface": ctl.iface, "mode": ctl.socket_mode, "xdp": xdp, "datapath": dp["datapath"], "xsk": dp["xsk"]}))
+        }
+        Request::MrReg { len, access } => {
+            let access = Access::parse(&access).map_err(|e| anyhow!(e))?;
+            ctl.run(move |dp| {
+                let pd = 1;
+                let (addr, lkey, rkey) = dp.core.reg_mr(pd, len, access)?;
+                Ok(json!({"addr": addr, "len": len, "lkey": lkey, "rkey": rkey, "access": access.to_string()}))
+            })
+            .await
+        }
+        Request::MrList => {
+            ctl.run(|dp| {
+                let v: Vec<Value> = dp
+                    .core
+                    .mem
+                    .iter()
+                    .map(|m| json!({"addr": m.addr, "len": m.len(), "lkey": m.lkey, "rkey": m.rkey, "access": m.access.to_string()}))
+                    .collect();
+                Ok(json!({"mrs": v}))
+            })
+            .await
+        }
+        Request::MrDereg { key } => {
+            let key = parse_key(&key)?;
+            ctl.run(move |dp| {
+                let (lkey, _, _) = find_mr(dp, key)?;
+                dp.core.dereg_mr(lkey)?;
+                Ok(json!({"lkey": lkey}))
+            })
+            .await
+        }
+        Request::MrRead { key, offset, len } => {
+            let key = parse_key(&key)?;
+            ctl.run(move |dp| {
+                let (lkey, _, mr_len) = find_mr(dp, key)?;
+                check_range(offset, len, mr_len)?;
+                let mr = dp.core.mem.by_lkey(lkey).expect("found");
+                let bytes = &mr.bytes()[offset as usize..(offset + len) as usize];
+                Ok(json!({"offset": offset, "data": hex(bytes)}))
+            })
+            .await
+        }
+        Request::MrWrite { key, offset, data } => {
+            let key = parse_key(&key)?;
+            let bytes = unhex(&data)?;
+            ctl.run(move |dp| {
+                let (lkey, _, mr_len) = find_mr(dp, key)?;
+                check_range(offset, bytes.len() as u64, mr_len)?;
+                let mr = dp.core.mem.by_lkey_mut(lkey).expect("found");
+                mr.bytes_mut()[offset as usize..offset as usize + bytes.len()].copy_from_slice(&bytes);
+                Ok(json!({"written": bytes.len()}))
+            })
+            .await
+        }
+        Request::QpCreate { depth } => {
+            let depth = depth.unwrap_or(256);
+            let (qpn, cq) = ctl
+                .run(move |dp| {
+                    let cq = dp.core.create_cq(depth as usize * 2)?;
+                    let qpn = dp.core.create_qp(
+                        1,
+                        cq,
+                        QpCap {
+                            max_send_wr: depth,
+                            max_recv_wr: depth,
+                        },
+                    )?;
+                    Ok(json!([qpn, cq]))
+                })
+                .await
+                .map(|v| (v[0].as_u64().unwrap_or(0) as u32, v[1].as_u64().unwrap_or(0) as u32))?;
+            ctl.qp_cq
+                .lock()
+                .map_err(|_| anyhow!("lock"))?
+                .insert(qpn, (cq, VecDeque::new()));
+            if ctl.firewall {
+                let mut x = ctl.xdp.lock().map_err(|_| anyhow!("lock"))?;
+                x.set_live_qp(qpn, rdma_common::LiveQp::default())?;
+            }
+            Ok(json!({"qpn": qpn}))
+        }
+        Request::QpDestroy { qpn } => {
+            ctl.run(move |dp| {
+                dp.core.destroy_qp(qpn)?;
+                Ok(json!({}))
+            })
+            .await?;
+            ctl.qp_cq.lock().map_err(|_| anyhow!("lock"))?.remove(&qpn);
+            if ctl.firewall {
+                ctl.xdp.lock().map_err(|_| anyhow!("lock"))?.remove_live_qp(qpn)?;
+            }
+            Ok(json!({"qpn": qpn}))
+        }
+        Request::QpConnect {
+            qpn,
+            remote_ip,
+            remote_qpn,
+            remote_psn,
+            remote_mac,
+            psn,
+            mtu,
+        } => {
+            let peer: IpAddr = remote_ip
+                .parse()
+                .map_err(|_| anyhow!("--remote-ip '{remote_ip}' is not an IP address"))?;
+            let peer_mac = match remote_mac {
+                Some(m) => hostnet::parse_mac(&m)?,
+                None => {
+                    let iface = ctl.iface.clone();
+                    tokio::task::spawn_blocking(move || {
+                        hostnet::resolve_mac(&iface, peer, Duration::from_secs(3))
+                    })
+                    .await??
+                }
+            };
+            let path = Path {
+                local_mac: ctl.mac,
+                peer_mac,
+                local_ip: hostnet::local_addr_for(&ctl.iface, peer)?,
+                peer_ip: peer,
+                vlan: None,
+            };
+            let v = connect_local(ctl, qpn, path, remote_qpn, remote_psn, psn, mtu.unwrap_or(1024)).await?;
+            Ok(v)
+        }
+        Request::QpPeer { qpn, peer, remote_qpn, mtu } => {
+            connect_via_peer(ctl, qpn, &peer, remote_qpn, mtu.unwrap_or(1024)).await
+        }
+        Request::QpList => {
+            ctl.run(|dp| {
+                let v: Vec<Value> = dp
+                    .core
+                    .qpns()
+                    .into_iter()
+                    .filter_map(|q| {
+                        let qp = dp.core.qp(q)?;
+                        let s = qp.stats();
+                        let path = dp.core.qp_path(q);
+                        Some(json!({
+                            "qpn": q, "state": qp.state().to_string(), "dest_qpn": qp.dest_qpn(),
+                            "sq_psn": qp.sq_psn(), "rq_psn": qp.rq_psn(), "mtu": qp.path_mtu(),
+                            "peer": path.map(|p| p.peer_ip.to_string()),
+                            "sq": qp.send_queue_len(), "rq": qp.recv_queue_len(),
+                            "stats": {
+                                "tx": s.tx_packets, "rx": s.rx_packets, "retransmits": s.retransmits,
+                                "timeouts": s.timeouts, "seq_naks_sent": s.seq_naks_sent,
+                                "rnr_naks_sent": s.rnr_naks_sent, "duplicates": s.duplicates_received,
+                                "errors": s.errors, "dropped": s.dropped
+                            }
+                        }))
+                    })
+                    .collect();
+                Ok(json!({"qps": v}))
+            })
+            .await
+        }
+        Request::Post(p) => post(ctl, p).await,
+        Request::CqPoll { qpn, max, wait_ms } => {
+            let wcs = wait_wcs(ctl, qpn, None, max.unwrap_or(16), wait_ms.unwrap_or(0)).await?;
+            Ok(json!({"wcs": wcs}))
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn connect_local(
+    ctl: &Arc<Ctl>,
+    qpn: u32,
+    path: Path,
+    remote_qpn: u32,
+    remote_psn: u32,
+    psn: Option<u32>,
+    mtu: u32,
+) -> Result<Value> {
+    let v = ctl
+        .run(move |dp| {
+            let local_psn = psn.unwrap_or_else(|| dp.core.random_psn());
+            dp.core
+                .connect_qp(qpn, path, remote_qpn, remote_psn, local_psn, mtu, 16)?;
+            Ok(json!({"qpn": qpn, "psn": local_psn, "remote_qpn": remote_qpn, "remote_psn": remote_psn,
+                      "local_ip": path.local_ip.to_string(), "peer_ip": path.peer_ip.to_string(), "mtu": mtu}))
+        })
+        .await?;
+    if ctl.firewall {
+        let mut x = ctl.xdp.lock().map_err(|_| anyhow!("lock"))?;
+        x.set_live_qp(
+            qpn,
+            rdma_common::LiveQp {
+                peer_gid: crate::datapath::gid_of(path.peer_ip),
+                peer_sport: crate::wire::udp_sport_for_qps(remote_qpn, qpn).to_be_bytes(),
+                connected: 1,
+                _pad: 0,
+            },
+        )?;
+    }
+    Ok(v)
+}
+
+/// Our side of the daemon-to-daemon exchange: send our QP's details, get the
+/// peer's, connect.
+async fn connect_via_peer(
+    ctl: &Arc<Ctl>,
+    qpn: u32,
+    peer: &str,
+    remote_qpn: u32,
+    mtu: u32,
+) -> Result<Value> {
+    let addr: SocketAddr =
+        if peer.contains(':') && !peer.starts_with('[') && peer.matches(':').count() == 1 {
+            peer.parse()?
+        } else if let Ok(ip) = peer.parse::<IpAddr>() {
+            SocketAddr::new(ip, 18516)
+        } else {
+            peer.parse()
+                .map_err(|_| anyhow!("--peer '{peer}' is not IP or IP:PORT"))?
+        };
+    let local_ip = hostnet::local_addr_for(&ctl.iface, addr.ip())?;
+    let psn = ctl
+        .run(|dp| Ok(json!(dp.core.random_psn())))
+        .await?
+        .as_u64()
+        .unwrap_or(0) as u32;
+    let mut s = tokio::time::timeout(Duration::from_secs(3), TcpStream::connect(addr))
+        .await
+        .map_err(|_| anyhow!("peer daemon at {addr} did not answer within 3 s"))?
+        .with_context(|| {
+            format!("connect to the peer daemon at {addr}; is `rdma up` running there?")
+        })?;
+    let hello = json!({"qpn": qpn, "psn": psn, "mac": hostnet::fmt_mac(&ctl.mac), "ip": local_ip.to_string(), "target_qpn": remote_qpn, "mtu": mtu});
+    s.write_all(format!("{hello}\n").as_bytes()).await?;
+    let mut line = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        BufReader::new(&mut s).read_line(&mut line),
+    )
+    .await
+    .map_err(|_| anyhow!("peer daemon at {addr} did not reply within 5 s"))??;
+    let r: Value = serde_json::from_str(&line).context("bad reply from the peer daemon")?;
+    if r["ok"] != json!(true) {
+        bail!("peer refused: {}", r["error"].as_str().unwrap_or("?"));
+    }
+    let path = Path {
+        local_mac: ctl.mac,
+        peer_mac: hostnet::parse_mac(r["mac"].as_str().unwrap_or(""))?,
+        local_ip,
+        peer_ip: addr.ip(),
+        vlan: None,
+    };
+    connect_local(
+        ctl,
+        qpn,
+        path,
+        r["qpn"].as_u64().unwrap_or(0) as u32,
+        r["psn"].as_u64().unwrap_or(0) as u32,
+        Some(psn),
+        mtu,
+    )
+    .await
+}
+
+/// The peer's side: connect the QP it names to it and answer with ours.
+async fn serve_peer(ctl: Arc<Ctl>, mut s: TcpStream, peer: SocketAddr) -> Result<()> {
+    let mut line = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        BufReader::new(&mut s).read_line(&mut line),
+    )
+    .await
+    .map_err(|_| anyhow!("no request within 5 s"))??;
+    let result: Result<Value> = async {
+        let h: Value = serde_json::from_str(&line).context("malformed QP exchange request")?;
+        let target = h["target_qpn"]
+            .as_u64()
+            .ok_or_else(|| anyhow!("target_qpn missing"))? as u32;
+        let peer_ip: IpAddr = h["ip"].as_str().unwrap_or("").parse().unwrap_or(peer.ip());
+        let path = Path {
+            local_mac: ctl.mac,
+            peer_mac: hostnet::parse_mac(h["mac"].as_str().unwrap_or(""))?,
+            local_ip: hostnet::local_addr_for(&ctl.iface, peer_ip)?,
+            peer_ip,
+            vlan: None,
+        };
+        let v = connect_local(
+            &ctl,
+            target,
+            path,
+            h["qpn"].as_u64().unwrap_or(0) as u32,
+            h["psn"].as_u64().unwrap_or(0) as u32,
+            None,
+            h["mtu"].as_u64().unwrap_or(1024) as u32,
+        )
+        .await?;
+        Ok(json!({"ok": true, "qpn": target, "psn": v["psn"], "mac": hostnet::fmt_mac(&ctl.mac)}))
+    }
+    .await;
+    let resp = match result {
+        Ok(v) => v,
+        Err(e) => json!({"ok": false, "error": format!("{e:#}")}),
+    };
+    s.write_all(format!("{resp}\n").as_bytes()).await?;
+    Ok(())
+}
+
+async fn post(ctl: &Arc<Ctl>, p: crate::proto::Post) -> Result<Value> {
+    let wr_id = ctl.next_wr_id.fetch_add(1, Ordering::Relaxed);
+    let op = p.op.clone();
+    let local_key = parse_key(&p.key)?;
+    let rkey = p.rkey.as_deref().map(parse_key).transpose()?;
+    let data = p.data.as_deref().map(unhex).transpose()?;
+    let qpn = p.qpn;
+    let v = ctl
+        .run(move |dp| {
+            let (lkey, addr, mr_len) = find_mr(dp, local_key)?;
+            let mut len = p.len.unwrap_or(0);
+            if let Some(d) = &data {
+                check_range(p.offset, d.len() as u64, mr_len)?;
+                let mr = dp.core.mem.by_lkey_mut(lkey).expect("found");
+                mr.bytes_mut()[p.offset as usize..p.offset as usize + d.len()].copy_from_slice(d);
+                len = d.len() as u64;
+            }
+            let opcode = match op.as_str() {
+                "write" if p.imm.is_some() => WrOpcode::RdmaWriteWithImm,
+                "write" => WrOpcode::RdmaWrite,
+                "read" => WrOpcode::RdmaRead,
+                "send" if p.imm.is_some() => WrOpcode::SendWithImm,
+                "send" => WrOpcode::Send,
+                "cmp-swap" => WrOpcode::CmpSwap,
+                "fetch-add" => WrOpcode::FetchAdd,
+                "recv" => {
+                    check_range(p.offset, len, mr_len)?;
+                    let sg = [Sge {
+                        addr: addr + p.offset,
+                        length: len as u32,
+                        lkey,
+                    }];
+                    dp.core.post_recv(
+                        qpn,
+                        &RecvWr {
+                            wr_id,
+                            sg_list: &sg,
+                        },
+                    )?;
+                    return Ok(json!({"wr_id": wr_id}));
+                }
+                other => bail!(
+                    "unknown operation '{other}' (write, read, send, recv, cmp-swap, fetch-add)"
+                ),
+            };
+            if matches!(opcode, WrOpcode::CmpSwap | WrOpcode::FetchAdd) {
+                len = 8;
+            }
+            check_range(p.offset, len, mr_len)?;
+            let needs_remote = !matches!(opcode, WrOpcode::Send | WrOpcode::SendWithImm);
+            let rkey = match (needs_remote, rkey) {
+                (true, None) => bail!("{op} needs --rkey and --remote-addr"),
+                (_, r) => r.unwrap_or(0),
+            };
+            let sg = [Sge {
+                addr: addr + p.offset,
+                length: len as u32,
+                lkey,
+            }];
+            let mut wr = SendWr::new(wr_id, opcode, &sg);
+            wr.flags = SendFlags {
+                signaled: true,
+                ..Default::default()
+            };
+            wr.remote_addr = p.remote_addr.unwrap_or(0);
+            wr.rkey = rkey;
+            wr.imm = p.imm.unwrap_or(0);
+            wr.compare_add = if opcode == WrOpcode::FetchAdd {
+                p.add.unwrap_or(1)
+            } else {
+                p.compare.unwrap_or(0)
+            };
+            wr.swap = p.swap.unwrap_or(0);
+            dp.core.post_send(qpn, &wr)?;
+            dp.core.collect_wcs(qpn);
+            Ok(json!({"wr_id": wr_id, "lkey": lkey, "addr": addr + p.offset}))
+        })
+        .await?;
+    if p.op == "recv" || p.no_wait {
+        return Ok(v);
+    }
+    let wcs = wait_wcs(ctl, qpn, Some(wr_id), 1, p.timeout_ms.unwrap_or(5000)).await?;
+    let wc = wcs.into_iter().next().ok_or_else(|| {
+        anyhow!(
+            "no completion for work request {wr_id} within {} ms",
+            p.timeout_ms.unwrap_or(5000)
+        )
+    })?;
+    let mut out = json!({"wc": wc});
+    if matches!(p.op.as_str(), "cmp-swap" | "fetch-add") && wc.status == "success" {
+        let key = local_key;
+        let off = p.offset;
+        let orig = ctl
+            .run(move |dp| {
+                let (lkey, _, _) = find_mr(dp, key)?;
+                let b = &dp.core.mem.by_lkey(lkey).expect("found").bytes()
+                    [off as usize..off as usize + 8];
+                Ok(json!(u64::from_ne_bytes(b.try_into().unwrap())))
+            })
+            .await?;
+        out["original"] = orig;
+    }
+    Ok(out)
+}
+
+/// Completions of a QP: all of them (up to `max`), or the one for `wr_id`
+/// (others are kept for later `cq poll`).
+async fn wait_wcs(
+    ctl: &Arc<Ctl>,
+    qpn: u32,
+    wr_id: Option<u64>,
+    max: usize,
+    wait_ms: u64,
+) -> Result<Vec<WcJson>> {
+    let cq = ctl
+        .qp_cq
+        .lock()
+        .map_err(|_| anyhow!("lock"))?
+        .get(&qpn)
+        .map(|e| e.0)
+        .ok_or_else(|| anyhow!("no QP {qpn:#x}; see `rdma qp list`"))?;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
+    loop {
+        let fresh: Vec<Wc> = ctl
+            .run(move |dp| {
+                let c = dp.core.cq_mut(cq).ok_or_else(|| anyhow!("CQ gone"))?;
+                let mut buf = [Wc {
+                    wr_id: 0,
+                    status: crate::engine::WcStatus::Success,
+                    opcode: WcOpcode::Send,
+                    byte_len: 0,
+                    imm: None,
+                    qp_num: 0,
+                }; 64];
+                let n = c.poll(&mut buf);
+                Ok(serde_json::to_value(
+                    buf[..n].iter().map(WcJson::from).collect::<Vec<_>>(),
+                )?)
+            })
+            .await
+            .and_then(|v| Ok(serde_json::from_value::<Vec<WcJson>>(v)?))?
+            .into_iter()
+            .map(|w| w.to_wc())
+            .collect();
+        let mut out = Vec::new();
+        {
+            let mut map = ctl.qp_cq.lock().map_err(|_| anyhow!("lock"))?;
+            let backlog = &mut map.get_mut(&qpn).ok_or_else(|| anyhow!("QP destroyed"))?.1;
+            backlog.extend(fresh);
+            match wr_id {
+                Some(id) => {
+                    if let Some(i) = backlog.iter().position(|w| {
+                        w.wr_id == id
+                            && !matches!(w.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
+                    }) {
+                        out.push(WcJson::from(&backlog.remove(i).expect("index")));
+                    }
+                }
+                None => {
+                    while out.len() < max {
+                        match backlog.pop_front() {
+                            Some(w) => out.push(WcJson::from(&w)),
+                            None => break,
+                        }
+                    }
+                }
+            }
+        }
+        if !out.is_empty() || tokio::time::Instant::now() >= deadline {
+            return Ok(out);
+        }
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+}
+
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+pub fn unhex(s: &str) -> Result<Vec<u8>> {
+    let t: String = s.chars().filter(|c| !c.is_whitespace()).collect();
+    let t = t.strip_prefix("0x").unwrap_or(&t);
+    if t.len() % 2 != 0 {
+        bail!("hex data has an odd number of digits");
+    }
+    (0..t.len())
+        .step_by(2)
+        .map(|i| {
+            u8::from_str_radix(&t[i..i + 2], 16)
+                .map_err(|_| anyhow!("'{}' is not hex", &t[i..i + 2]))
+        })
+        .collect()
+}

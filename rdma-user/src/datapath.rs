@@ -1,0 +1,591 @@
+//! The data path: AF_XDP rings -> parser -> RC engines -> memory and
+//! completions, and back. A plain struct with [`DataPath::poll`], so that the
+//! daemon's pinned thread and the benchmarks drive the same code.
+//!
+//! Nothing here allocates, locks or logs per packet: frames are parsed in
+//! place, completions go into preallocated per-CQ rings, drops are counted.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
+use std::time::Instant;
+
+use anyhow::{anyhow, bail, Result};
+
+use crate::engine::{Nanos, Qp, QpAttr, QpCap, QpState, RecvWr, SendWr, Wc};
+use crate::mr::{Access, Backing, MrTable};
+use crate::wire::{
+    ipv4_mapped_gid, udp_sport_for_qps, EthernetRepr, IpRepr, Ipv4Repr, Ipv6Repr, RoceRepr,
+    TransportRepr, UdpRepr, WireError, ETH_P_IPV4, ETH_P_IPV6, ICRC_LEN, IPPROTO_UDP,
+    ROCE_V2_UDP_PORT,
+};
+use crate::xsk::{SharedMem, Xsk};
+
+/// Where a QP's packets go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Path {
+    pub local_mac: [u8; 6],
+    pub peer_mac: [u8; 6],
+    pub local_ip: IpAddr,
+    pub peer_ip: IpAddr,
+    pub vlan: Option<u16>,
+}
+
+impl Path {
+    /// Network headers for a QP pair, as rxe builds them: DF, TTL/hop limit
+    /// 64, UDP checksum 0, source port from the QPNs.
+    pub fn template(&self, lqpn: u32, rqpn: u32) -> Result<RoceRepr> {
+        let ip = match (self.local_ip, self.peer_ip) {
+            (IpAddr::V4(l), IpAddr::V4(p)) => IpRepr::V4(Ipv4Repr {
+                src: l.octets(),
+                dst: p.octets(),
+                ..Default::default()
+            }),
+            (IpAddr::V6(l), IpAddr::V6(p)) => IpRepr::V6(Ipv6Repr {
+                src: l.octets(),
+                dst: p.octets(),
+                traffic_class: 0,
+                flow_label: 0,
+                hop_limit: 64,
+                next_header: IPPROTO_UDP,
+            }),
+            _ => bail!("local and peer addresses must both be IPv4 or both IPv6"),
+        };
+        Ok(RoceRepr {
+            eth: EthernetRepr {
+                dst: self.peer_mac,
+                src: self.local_mac,
+                vlan_tci: self.vlan,
+                ethertype: if matches!(ip, IpRepr::V4(_)) {
+                    ETH_P_IPV4
+                } else {
+                    ETH_P_IPV6
+                },
+            },
+            ip,
+            udp: UdpRepr {
+                src_port: udp_sport_for_qps(lqpn, rqpn),
+                dst_port: ROCE_V2_UDP_PORT,
+                checksum: 0,
+            },
+            transport: TransportRepr::default(),
+        })
+    }
+}
+
+pub fn gid_of(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(a) => ipv4_mapped_gid(a.octets()),
+        IpAddr::V6(a) => a.octets(),
+    }
+}
+
+/// A completion queue: a bounded ring. Overflow is counted and reported,
+/// never silent.
+pub struct Cq {
+    ring: VecDeque<Wc>,
+    depth: usize,
+    pub overflows: u64,
+}
+
+impl Cq {
+    pub fn new(depth: usize) -> Cq {
+        Cq {
+            ring: VecDeque::with_capacity(depth),
+            depth,
+            overflows: 0,
+        }
+    }
+    fn push(&mut self, wc: Wc) {
+        if self.ring.len() >= self.depth {
+            self.overflows += 1;
+        } else {
+            self.ring.push_back(wc);
+        }
+    }
+    /// Batched poll: moves up to `out.len()` completions into `out`.
+    pub fn poll(&mut self, out: &mut [Wc]) -> usize {
+        let n = out.len().min(self.ring.len());
+        for o in out.iter_mut().take(n) {
+            *o = self.ring.pop_front().expect("counted");
+        }
+        n
+    }
+    pub fn len(&self) -> usize {
+        self.ring.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.ring.is_empty()
+    }
+}
+
+struct QpSlot {
+    qp: Qp,
+    cq: u32,
+    net: Option<RoceRepr>,
+    path: Option<Path>,
+}
+
+/// Counters of the userspace receive path, one per drop reason.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct DpStats {
+    pub rx_frames: u64,
+    pub tx_frames: u64,
+    pub rx_truncated: u64,
+    pub rx_not_roce: u64,
+    pub rx_bad_length: u64,
+    pub rx_bad_tver: u64,
+    pub rx_unknown_opcode: u64,
+    pub rx_bad_pad: u64,
+    pub rx_bad_icrc: u64,
+    pub rx_bad_ip_checksum: u64,
+    pub rx_unknown_qpn: u64,
+    pub rx_wrong_source: u64,
+    pub tx_ring_full: u64,
+    pub cq_overflows: u64,
+}
+
+impl DpStats {
+    fn count(&mut self, e: WireError) {
+        match e {
+            WireError::Truncated => self.rx_truncated += 1,
+            WireError::NotIp | WireError::NotUdp | WireError::NotRoce | WireError::Fragment => {
+                self.rx_not_roce += 1
+            }
+            WireError::BadIpHeader | WireError::BadLength => self.rx_bad_length += 1,
+            WireError::BadTver => self.rx_bad_tver += 1,
+            WireError::UnknownOpcode => self.rx_unknown_opcode += 1,
+            WireError::BadPadCount => self.rx_bad_pad += 1,
+            WireError::BadIcrc => self.rx_bad_icrc += 1,
+            WireError::BadIpChecksum => self.rx_bad_ip_checksum += 1,
+        }
+    }
+}
+
+/// Limits of one device.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_qp: usize,
+    pub max_mr: usize,
+    pub max_cq: usize,
+    pub max_mr_len: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_qp: 256,
+            max_mr: 1024,
+            max_cq: 256,
+            max_mr_len: 1 << 30,
+        }
+    }
+}
+
+/// Engine state of one device (QPs, MRs, CQs), without the sockets. Split
+/// from the sockets so the RX callback can borrow it while a socket is busy.
+pub struct Core {
+    pub mem: MrTable,
+    mr_backing: HashMap<u32, SharedMem>,
+    qps: HashMap<u32, QpSlot>,
+    cqs: HashMap<u32, Cq>,
+    next_qpn: u32,
+    next_cq: u32,
+    next_pd: u32,
+    pub stats: DpStats,
+    pub limits: Limits,
+    rng: u64,
+    rr: usize,
+    qp_order: Vec<u32>,
+}
+
+pub struct DataPath {
+    pub xsks: Vec<Xsk>,
+    pub core: Core,
+    clock: Instant,
+}
+
+/// Fresh entropy for keys and PSNs.
+pub fn entropy() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom into a local buffer.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr() as *mut _, 8, 0) };
+    if n == 8 {
+        u64::from_ne_bytes(b)
+    } else {
+        Instant::now().elapsed().as_nanos() as u64 ^ std::process::id() as u64
+    }
+}
+
+impl Core {
+    pub fn new(limits: Limits, seed: u64) -> Core {
+        Core {
+            mem: MrTable::new(limits.max_mr, seed),
+            mr_backing: HashMap::new(),
+            qps: HashMap::new(),
+            cqs: HashMap::new(),
+            // rxe starts QPNs at 17; so do we (QP0/QP1 are special).
+            next_qpn: 0x11,
+            next_cq: 1,
+            next_pd: 1,
+            stats: DpStats::default(),
+            limits,
+            rng: seed,
+            rr: 0,
+            qp_order: Vec::new(),
+        }
+    }
+
+    pub fn random_psn(&mut self) -> u32 {
+        self.rng = self
+            .rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.rng >> 33) as u32) & 0xff_ffff
+    }
+
+    pub fn alloc_pd(&mut self) -> u32 {
+        let pd = self.next_pd;
+        self.next_pd += 1;
+        pd
+    }
+
+    /// Registers `len` bytes of fresh shared memory (a memfd mapping, which
+    /// another process may map too). The VA peers use is the mapping address.
+    pub fn reg_mr(&mut self, pd: u32, len: usize, access: Access) -> Result<(u64, u32, u32)> {
+        if len == 0 || len > self.limits.max_mr_len {
+            bail!(
+                "memory region length {len} out of range (1..={} bytes)",
+                self.limits.max_mr_len
+            );
+        }
+        let shm = SharedMem::new("rdma-mr", len)?;
+        let addr = shm.as_ptr() as u64;
+        let (lkey, rkey) = self.mem.register(
+            pd,
+            Backing::Raw {
+                ptr: shm.as_ptr(),
+                len,
+            },
+            addr,
+            access,
+        )?;
+        self.mr_backing.insert(lkey, shm);
+        Ok((addr, lkey, rkey))
+    }
+
+    pub fn dereg_mr(&mut self, lkey: u32) -> Result<()> {
+        self.mem
+            .deregister(lkey)
+            .ok_or_else(|| anyhow!("no memory region with lkey {lkey:#x}"))?;
+        self.mr_backing.remove(&lkey);
+        Ok(())
+    }
+
+    pub fn create_cq(&mut self, depth: usize) -> Result<u32> {
+        if self.cqs.len() >= self.limits.max_cq {
+            bail!("CQ limit reached ({})", self.limits.max_cq);
+        }
+        let id = self.next_cq;
+        self.next_cq += 1;
+        self.cqs.insert(id, Cq::new(depth.max(1)));
+        Ok(id)
+    }
+
+    pub fn cq_mut(&mut self, cq: u32) -> Option<&mut Cq> {
+        self.cqs.get_mut(&cq)
+    }
+
+    pub fn create_qp(&mut self, pd: u32, cq: u32, cap: QpCap) -> Result<u32> {
+        if self.qps.len() >= self.limits.max_qp {
+            bail!(
+                "QP limit reached ({}); destroy a QP or raise --max-qp",
+                self.limits.max_qp
+            );
+        }
+        if !self.cqs.contains_key(&cq) {
+            bail!("no CQ {cq}");
+        }
+        let mut qpn = self.next_qpn;
+        while self.qps.contains_key(&qpn) {
+            qpn = (qpn + 1) & 0xff_ffff;
+        }
+        self.next_qpn = (qpn + 1) & 0xff_ffff;
+        if self.next_qpn < 0x11 {
+            self.next_qpn = 0x11;
+        }
+        self.qps.insert(
+            qpn,
+            QpSlot {
+                qp: Qp::new(qpn, pd, cap),
+                cq,
+                net: None,
+                path: None,
+            },
+        );
+        self.qp_order.push(qpn);
+        Ok(qpn)
+    }
+
+    pub fn destroy_qp(&mut self, qpn: u32) -> Result<()> {
+        let mut slot = self
+            .qps
+            .remove(&qpn)
+            .ok_or_else(|| anyhow!("no QP {qpn:#x}"))?;
+        self.qp_order.retain(|&q| q != qpn);
+        // Outstanding WRs complete with flush errors before the QP goes.
+        let _ = slot.qp.modify(&QpAttr {
+            qp_state: Some(QpState::Err),
+            ..Default::default()
+        });
+        while let Some(wc) = slot.qp.poll_completion() {
+            if let Some(cq) = self.cqs.get_mut(&slot.cq) {
+                cq.push(wc);
+            }
+        }
+        Ok(())
+    }
+
+    pub fn qp(&self, qpn: u32) -> Option<&Qp> {
+        self.qps.get(&qpn).map(|s| &s.qp)
+    }
+
+    pub fn qpns(&self) -> Vec<u32> {
+        self.qp_order.clone()
+    }
+
+    pub fn qp_path(&self, qpn: u32) -> Option<Path> {
+        self.qps.get(&qpn).and_then(|s| s.path)
+    }
+
+    pub fn modify_qp(&mut self, qpn: u32, attr: &QpAttr) -> Result<()> {
+        let slot = self
+            .qps
+            .get_mut(&qpn)
+            .ok_or_else(|| anyhow!("no QP {qpn:#x}"))?;
+        slot.qp.modify(attr)?;
+        Ok(())
+    }
+
+    /// Sets the network path of a QP (before RTR).
+    pub fn set_path(&mut self, qpn: u32, path: Path) -> Result<()> {
+        let slot = self
+            .qps
+            .get_mut(&qpn)
+            .ok_or_else(|| anyhow!("no QP {qpn:#x}"))?;
+        let rqpn = slot.qp.dest_qpn();
+        slot.net = Some(path.template(qpn, rqpn)?);
+        slot.path = Some(path);
+        Ok(())
+    }
+
+    /// RESET -> INIT -> RTR -> RTS against a remote QP, with perftest's and
+    /// rc_pingpong's attributes unless given.
+    #[allow(clippy::too_many_arguments)]
+    pub fn connect_qp(
+        &mut self,
+        qpn: u32,
+        path: Path,
+        remote_qpn: u32,
+        remote_psn: u32,
+        local_psn: u32,
+        mtu: u32,
+        max_rd_atomic: u8,
+    ) -> Result<()> {
+        let slot = self
+            .qps
+            .get_mut(&qpn)
+            .ok_or_else(|| anyhow!("no QP {qpn:#x}"))?;
+        let q = &mut slot.qp;
+        if q.state() == QpState::Reset {
+            q.modify(&QpAttr {
+                qp_state: Some(QpState::Init),
+                pkey_index: Some(0),
+                port_num: Some(1),
+                qp_access_flags: Some(Access::ALL),
+                ..Default::default()
+            })?;
+        }
+        q.modify(&QpAttr {
+            qp_state: Some(QpState::Rtr),
+            dest_gid: Some(gid_of(path.peer_ip)),
+            path_mtu: Some(mtu),
+            dest_qp_num: Some(remote_qpn),
+            rq_psn: Some(remote_psn),
+            max_dest_rd_atomic: Some(max_rd_atomic),
+            min_rnr_timer: Some(12),
+            ..Default::default()
+        })?;
+        q.modify(&QpAttr {
+            qp_state: Some(QpState::Rts),
+            sq_psn: Some(local_psn),
+            timeout: Some(14),
+            retry_cnt: Some(7),
+            rnr_retry: Some(7),
+            max_rd_atomic: Some(max_rd_atomic),
+            ..Default::default()
+        })?;
+        slot.net = Some(path.template(qpn, remote_qpn)?);
+        slot.path = Some(path);
+        Ok(())
+    }
+
+    pub fn post_send(&mut self, qpn: u32, wr: &SendWr) -> Result<()> {
+        let slot = self
+            .qps
+            .get_mut(&qpn)
+            .ok_or_else(|| anyhow!("no QP {qpn:#x}"))?;
+        slot.qp.post_send(wr)?;
+        Ok(())
+    }
+
+    pub fn post_recv(&mut self, qpn: u32, wr: &RecvWr) -> Result<()> {
+        let slot = self
+            .qps
+            .get_mut(&qpn)
+            .ok_or_else(|| anyhow!("no QP {qpn:#x}"))?;
+        slot.qp.post_recv(wr)?;
+        Ok(())
+    }
+
+    /// One received frame: parse, check it is for a QP we have and from its
+    /// peer, hand it to the engine.
+    pub fn handle_frame(&mut self, now: Nanos, frame: &[u8]) {
+        self.stats.rx_frames += 1;
+        let (repr, layout) = match RoceRepr::parse(frame) {
+            Ok(x) => x,
+            Err(e) => return self.stats.count(e),
+        };
+        let qpn = repr.transport.bth.dest_qpn;
+        let Some(slot) = self.qps.get_mut(&qpn) else {
+            self.stats.rx_unknown_qpn += 1;
+            return;
+        };
+        if let Some(p) = &slot.path {
+            if repr.ip.src_gid() != gid_of(p.peer_ip) {
+                self.stats.rx_wrong_source += 1;
+                return;
+            }
+        }
+        slot.qp
+            .handle_packet(now, &repr.transport, &frame[layout.payload], &mut self.mem);
+        Self::drain_wcs(slot, &mut self.cqs, &mut self.stats);
+    }
+
+    fn drain_wcs(slot: &mut QpSlot, cqs: &mut HashMap<u32, Cq>, stats: &mut DpStats) {
+        while let Some(wc) = slot.qp.poll_completion() {
+            match cqs.get_mut(&slot.cq) {
+                Some(cq) => {
+                    let before = cq.overflows;
+                    cq.push(wc);
+                    stats.cq_overflows += cq.overflows - before;
+                }
+                None => stats.cq_overflows += 1,
+            }
+        }
+    }
+
+    /// Fires due timers; returns the earliest pending deadline.
+    pub fn handle_timers(&mut self, now: Nanos) -> Option<Nanos> {
+        let mut next: Option<Nanos> = None;
+        for slot in self.qps.values_mut() {
+            if let Some(t) = slot.qp.poll_timeout() {
+                if t <= now {
+                    slot.qp.handle_timeout(now);
+                    Self::drain_wcs(slot, &mut self.cqs, &mut self.stats);
+                }
+            }
+            if let Some(t) = slot.qp.poll_timeout() {
+                next = Some(next.map_or(t, |n: Nanos| n.min(t)));
+            }
+        }
+        next
+    }
+
+    /// Drains completions that posting produced (flushes in ERR, local errors).
+    pub fn collect_wcs(&mut self, qpn: u32) {
+        if let Some(slot) = self.qps.get_mut(&qpn) {
+            Self::drain_wcs(slot, &mut self.cqs, &mut self.stats);
+        }
+    }
+
+    /// Builds the next frame of any QP (round-robin) into `buf`; returns
+    /// its length, or 0 when no QP has anything to send.
+    pub fn build_frame(&mut self, now: Nanos, buf: &mut [u8]) -> usize {
+        let n = self.qp_order.len();
+        for i in 0..n {
+            let idx = (self.rr + i) % n;
+            let qpn = self.qp_order[idx];
+            let Some(slot) = self.qps.get_mut(&qpn) else {
+                continue;
+            };
+            let Some(net) = slot.net.as_mut() else {
+                continue;
+            };
+            let hl = net.net_header_len();
+            if buf.len() < hl + slot.qp.max_segment_len() + ICRC_LEN {
+                continue;
+            }
+            if let Some(tl) = slot.qp.poll_transmit(now, &self.mem, &mut buf[hl..]) {
+                if let IpRepr::V4(ip) = &mut net.ip {
+                    ip.id = ip.id.wrapping_add(1);
+                }
+                let len = net.emit_net_and_icrc(buf, tl + ICRC_LEN).unwrap_or(0);
+                Self::drain_wcs(slot, &mut self.cqs, &mut self.stats);
+                self.rr = (idx + 1) % n;
+                return len;
+            }
+            Self::drain_wcs(slot, &mut self.cqs, &mut self.stats);
+        }
+        0
+    }
+}
+
+impl DataPath {
+    pub fn new(xsks: Vec<Xsk>, limits: Limits) -> DataPath {
+        DataPath {
+            xsks,
+            core: Core::new(limits, entropy()),
+            clock: Instant::now(),
+        }
+    }
+
+    pub fn now(&self) -> Nanos {
+        self.clock.elapsed().as_nanos() as Nanos
+    }
+
+    /// One turn of the loop: receive, timers, transmit. Returns whether any
+    /// packet moved (for adaptive polling) and the next timer deadline.
+    pub fn poll(&mut self) -> (bool, Option<Nanos>) {
+        let now = self.now();
+        let mut work = false;
+        let core = &mut self.core;
+        for x in self.xsks.iter_mut() {
+            let n = x.recv(64, |f| core.handle_frame(now, f));
+            work |= n > 0;
+        }
+        let next = core.handle_timers(now);
+        if let Some(x) = self.xsks.first_mut() {
+            let mut sent = 0;
+            loop {
+                if x.tx_room() == 0 {
+                    x.reap();
+                    if x.tx_room() == 0 {
+                        core.stats.tx_ring_full += 1;
+                        break;
+                    }
+                }
+                if !x.send_with(|buf| core.build_frame(now, buf)) {
+                    break;
+                }
+                sent += 1;
+                if sent >= 64 {
+                    break;
+                }
+            }
+            core.stats.tx_frames += sent;
+            work |= sent > 0;
+            x.kick();
+        }
+        (work, next)
+    }
+}

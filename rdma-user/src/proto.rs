@@ -1,0 +1,170 @@
+//! The control protocol between the CLI and the daemon: one JSON object per
+//! line each way. Unknown fields and malformed lines are rejected.
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::{Wc, WcOpcode, WcStatus};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Request {
+    Stats,
+    MrReg {
+        len: usize,
+        access: String,
+    },
+    MrList,
+    MrDereg {
+        key: String,
+    },
+    MrRead {
+        key: String,
+        offset: u64,
+        len: u64,
+    },
+    MrWrite {
+        key: String,
+        offset: u64,
+        data: String,
+    },
+    QpCreate {
+        depth: Option<u32>,
+    },
+    QpDestroy {
+        qpn: u32,
+    },
+    /// Connect with known remote values.
+    QpConnect {
+        qpn: u32,
+        remote_ip: String,
+        remote_qpn: u32,
+        remote_psn: u32,
+        remote_mac: Option<String>,
+        psn: Option<u32>,
+        mtu: Option<u32>,
+    },
+    /// Connect by exchanging details with the peer's daemon over TCP.
+    QpPeer {
+        qpn: u32,
+        peer: String,
+        remote_qpn: u32,
+        mtu: Option<u32>,
+    },
+    QpList,
+    Post(Post),
+    CqPoll {
+        qpn: u32,
+        max: Option<usize>,
+        wait_ms: Option<u64>,
+    },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Post {
+    pub op: String,
+    pub qpn: u32,
+    /// Local MR (lkey or rkey).
+    pub key: String,
+    pub offset: u64,
+    pub len: Option<u64>,
+    /// Bytes to place at `offset` first (then `len` is their length).
+    pub data: Option<String>,
+    pub remote_addr: Option<u64>,
+    pub rkey: Option<String>,
+    pub imm: Option<u32>,
+    pub compare: Option<u64>,
+    pub swap: Option<u64>,
+    pub add: Option<u64>,
+    pub timeout_ms: Option<u64>,
+    #[serde(default)]
+    pub no_wait: bool,
+}
+
+/// A work completion as the CLI shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct WcJson {
+    pub wr_id: u64,
+    pub status: String,
+    pub opcode: String,
+    pub byte_len: u32,
+    pub imm: Option<u32>,
+    pub qp_num: u32,
+}
+
+const STATUSES: [WcStatus; 10] = [
+    WcStatus::Success,
+    WcStatus::LocLenErr,
+    WcStatus::LocQpOpErr,
+    WcStatus::LocProtErr,
+    WcStatus::WrFlushErr,
+    WcStatus::RemInvReqErr,
+    WcStatus::RemAccessErr,
+    WcStatus::RemOpErr,
+    WcStatus::RetryExcErr,
+    WcStatus::RnrRetryExcErr,
+];
+
+pub fn status_name(s: WcStatus) -> &'static str {
+    match s {
+        WcStatus::Success => "success",
+        WcStatus::LocLenErr => "LOC_LEN_ERR",
+        WcStatus::LocQpOpErr => "LOC_QP_OP_ERR",
+        WcStatus::LocProtErr => "LOC_PROT_ERR",
+        WcStatus::WrFlushErr => "WR_FLUSH_ERR",
+        WcStatus::RemInvReqErr => "REM_INV_REQ_ERR",
+        WcStatus::RemAccessErr => "REM_ACCESS_ERR",
+        WcStatus::RemOpErr => "REM_OP_ERR",
+        WcStatus::RetryExcErr => "RETRY_EXC_ERR",
+        WcStatus::RnrRetryExcErr => "RNR_RETRY_EXC_ERR",
+    }
+}
+
+const OPCODES: [(WcOpcode, &str); 7] = [
+    (WcOpcode::Send, "SEND"),
+    (WcOpcode::RdmaWrite, "RDMA_WRITE"),
+    (WcOpcode::RdmaRead, "RDMA_READ"),
+    (WcOpcode::CompSwap, "COMP_SWAP"),
+    (WcOpcode::FetchAdd, "FETCH_ADD"),
+    (WcOpcode::Recv, "RECV"),
+    (WcOpcode::RecvRdmaWithImm, "RECV_RDMA_WITH_IMM"),
+];
+
+impl From<&Wc> for WcJson {
+    fn from(w: &Wc) -> Self {
+        WcJson {
+            wr_id: w.wr_id,
+            status: status_name(w.status).into(),
+            opcode: OPCODES
+                .iter()
+                .find(|(o, _)| *o == w.opcode)
+                .map(|(_, n)| *n)
+                .unwrap_or("?")
+                .into(),
+            byte_len: w.byte_len,
+            imm: w.imm,
+            qp_num: w.qp_num,
+        }
+    }
+}
+
+impl WcJson {
+    pub fn to_wc(&self) -> Wc {
+        Wc {
+            wr_id: self.wr_id,
+            status: STATUSES
+                .iter()
+                .copied()
+                .find(|s| status_name(*s) == self.status)
+                .unwrap_or(WcStatus::RemOpErr),
+            opcode: OPCODES
+                .iter()
+                .find(|(_, n)| *n == self.opcode)
+                .map(|(o, _)| *o)
+                .unwrap_or(WcOpcode::Send),
+            byte_len: self.byte_len,
+            imm: self.imm,
+            qp_num: self.qp_num,
+        }
+    }
+}
