@@ -991,8 +991,6 @@ impl Qp {
                 return;
             }
             self.retry_left -= 1;
-            // A new round: a gap seen in its responses may trigger a go-back.
-            self.retry_pending = false;
             let psn = self.oldest_unacked_psn();
             self.rewind(psn);
             self.arm_rto(now);
