@@ -1,1 +1,367 @@
-fn main() {}
+//! `cargo xtask`: set up, build, demo, test, run.
+//!
+//! - `cargo xtask demo`: install what is missing, build, and run the two-host
+//!   demo on a veth pair between two network namespaces, checking its results.
+//! - `cargo xtask test`: install what is missing (tshark too), run every test.
+//! - `cargo xtask run -- ARGS`: build and run the `rdma` binary.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Parser, Subcommand};
+use serde_json::Value;
+
+#[derive(Parser)]
+#[command(name = "xtask")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Two namespaces, a daemon in each, RDMA WRITE/READ/SEND/FETCH_ADD between them.
+    Demo {
+        /// Keep the namespaces and daemons running afterwards.
+        #[arg(long)]
+        keep: bool,
+    },
+    /// Run every test (unit, simulation, captures, namespaces).
+    Test {
+        /// Extra arguments for `cargo test` (e.g. a test name filter).
+        #[arg(trailing_var_arg = true)]
+        args: Vec<String>,
+    },
+    /// Build and run `rdma` with these arguments.
+    Run {
+        #[arg(long)]
+        release: bool,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Check (and with --install, install) the prerequisites.
+    Setup {
+        #[arg(long)]
+        install: bool,
+    },
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Demo { keep } => prereqs(true, false).and_then(|_| demo(keep)),
+        Cmd::Test { args } => prereqs(true, true).and_then(|_| test(&args)),
+        Cmd::Run { release, args } => prereqs(false, false).and_then(|_| run(release, &args)),
+        Cmd::Setup { install } => prereqs(install, install),
+    };
+    if let Err(e) = r {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn have(cmd: &str, args: &[&str]) -> Option<String> {
+    Command::new(cmd)
+        .args(args)
+        .stderr(Stdio::null())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+}
+
+fn sh(cmd: &mut Command) -> Result<()> {
+    let st = cmd
+        .status()
+        .with_context(|| format!("run {:?}", cmd.get_program()))?;
+    if !st.success() {
+        bail!("{:?} failed ({st})", cmd);
+    }
+    Ok(())
+}
+
+const BPF_LINKER: &str = "0.10.4";
+
+/// Each missing prerequisite is one line: what is missing and how to get it.
+/// With `install`, missing pieces are installed instead.
+fn prereqs(install: bool, for_tests: bool) -> Result<()> {
+    let mut missing: Vec<(String, Box<dyn Fn() -> Result<()>>)> = Vec::new();
+    let is_root = have("id", &["-u"]).map(|s| s.trim() == "0").unwrap_or(false);
+    if !is_root {
+        bail!("must run as root (XDP, AF_XDP and network namespaces need CAP_BPF/CAP_NET_ADMIN): use sudo");
+    }
+    if have("rustup", &["--version"]).is_none() {
+        bail!("rustup is missing: install it from https://rustup.rs, then rerun");
+    }
+    let nightly = have("rustup", &["toolchain", "list"])
+        .map(|s| s.lines().any(|l| l.starts_with("nightly")))
+        .unwrap_or(false);
+    if !nightly {
+        missing.push((
+            "the nightly toolchain (builds the eBPF crate): rustup toolchain install nightly --component rust-src".into(),
+            Box::new(|| sh(Command::new("rustup").args(["toolchain", "install", "nightly", "--profile", "minimal", "--component", "rust-src"]))),
+        ));
+    }
+    let src = have("rustup", &["component", "list", "--installed", "--toolchain", "nightly"])
+        .map(|s| s.lines().any(|l| l.starts_with("rust-src")))
+        .unwrap_or(false);
+    if nightly && !src {
+        missing.push((
+            "rust-src for nightly (eBPF build-std): rustup component add rust-src --toolchain nightly".into(),
+            Box::new(|| sh(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))),
+        ));
+    }
+    let linker = have("bpf-linker", &["--version"]).unwrap_or_default();
+    if !linker.contains(BPF_LINKER) {
+        missing.push((
+            format!("bpf-linker {BPF_LINKER} (links the eBPF object; others fail here): cargo install bpf-linker@{BPF_LINKER} --locked"),
+            Box::new(|| sh(Command::new("cargo").args(["install", &format!("bpf-linker@{BPF_LINKER}"), "--locked", "--force"]))),
+        ));
+    }
+    let mut debs: Vec<&str> = Vec::new();
+    if have("ip", &["-V"]).is_none() {
+        debs.push("iproute2");
+    }
+    if for_tests && have("tshark", &["--version"]).is_none() {
+        debs.push("tshark");
+    }
+    if !debs.is_empty() {
+        let list = debs.join(" ");
+        missing.push((
+            format!("Debian packages {list}: apt-get install -y {list}"),
+            Box::new(move || {
+                sh(Command::new("apt-get").arg("update").stdout(Stdio::null()))?;
+                sh(Command::new("apt-get")
+                    .args(["install", "-y", "--no-install-recommends"])
+                    .args(list.split(' '))
+                    .env("DEBIAN_FRONTEND", "noninteractive")
+                    .stdout(Stdio::null()))
+            }),
+        ));
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    if !install {
+        for (what, _) in &missing {
+            eprintln!("missing: {what}");
+        }
+        bail!("prerequisites missing; `cargo xtask setup --install` installs them all");
+    }
+    for (what, f) in &missing {
+        eprintln!("installing {}", what.split(':').next().unwrap_or(what));
+        f().with_context(|| format!("installing {what}"))?;
+    }
+    Ok(())
+}
+
+fn build(release: bool) -> Result<PathBuf> {
+    let mut c = Command::new("cargo");
+    c.current_dir(root()).args(["build", "--quiet", "-p", "rdma-user", "--bins"]);
+    if release {
+        c.arg("--release");
+    }
+    sh(&mut c).context("build rdma-user")?;
+    Ok(root()
+        .join("target")
+        .join(if release { "release" } else { "debug" })
+        .join("rdma"))
+}
+
+fn run(release: bool, args: &[String]) -> Result<()> {
+    let bin = build(release)?;
+    let st = Command::new(bin).args(args).status()?;
+    std::process::exit(st.code().unwrap_or(1));
+}
+
+fn test(args: &[String]) -> Result<()> {
+    // Unit, simulation, capture and namespace tests; the namespace tests
+    // serialize themselves (two cores: one data path pair at a time).
+    let mut c = Command::new("cargo");
+    c.current_dir(root()).args(["test", "--workspace", "--exclude", "rdma-ebpf"]);
+    c.args(args);
+    sh(&mut c).context("tests failed")
+}
+
+/// Namespaces, veth and daemons of the demo; removed on drop, even on error.
+struct Lab {
+    ns: [String; 2],
+    pids: Vec<u32>,
+    keep: bool,
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        if self.keep {
+            return;
+        }
+        for pid in &self.pids {
+            let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+        }
+        let deadline = Instant::now() + Duration::from_secs(3);
+        for pid in &self.pids {
+            while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).stderr(Stdio::null()).status();
+        }
+        for ns in &self.ns {
+            let _ = Command::new("ip").args(["netns", "del", ns]).stderr(Stdio::null()).status();
+        }
+    }
+}
+
+fn ip(args: &[&str]) -> Result<()> {
+    sh(Command::new("ip").args(args))
+}
+
+fn demo(keep: bool) -> Result<()> {
+    let bin = build(false)?;
+    let ns = ["rdmademo-a".to_string(), "rdmademo-b".to_string()];
+    for n in &ns {
+        let _ = Command::new("ip").args(["netns", "del", n]).stderr(Stdio::null()).status();
+    }
+    let mut lab = Lab {
+        ns: ns.clone(),
+        pids: Vec::new(),
+        keep,
+    };
+    let addrs = ["10.88.0.1", "10.88.0.2"];
+    let devs = ["rdma-a", "rdma-b"];
+    for n in &ns {
+        ip(&["netns", "add", n])?;
+    }
+    ip(&["link", "add", devs[0], "type", "veth", "peer", "name", devs[1]])?;
+    for i in 0..2 {
+        ip(&["link", "set", devs[i], "netns", &ns[i]])?;
+        ip(&["-n", &ns[i], "addr", "add", &format!("{}/24", addrs[i]), "dev", devs[i]])?;
+        ip(&["-n", &ns[i], "link", "set", devs[i], "up"])?;
+        ip(&["-n", &ns[i], "link", "set", "lo", "up"])?;
+    }
+    println!("== two hosts: {} ({}) <-veth-> {} ({})", ns[0], addrs[0], ns[1], addrs[1]);
+    for i in 0..2 {
+        let log = std::fs::File::create(std::env::temp_dir().join(format!("rdma-demo-{i}.log")))?;
+        let child = Command::new("ip")
+            .args(["netns", "exec", &ns[i]])
+            .arg(&bin)
+            .args(["up", "--iface", devs[i], "--adaptive"])
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        lab.pids.push(child.id());
+    }
+    let cli = |i: usize, args: &[&str]| -> Result<Value> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let out = Command::new("ip")
+                .args(["netns", "exec", &ns[i]])
+                .arg(&bin)
+                .arg("--json")
+                .args(args)
+                .output()?;
+            if out.status.success() {
+                return Ok(serde_json::from_slice(&out.stdout)?);
+            }
+            let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+            if err.contains("no daemon") && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+            bail!("host {}: rdma {}: {err}", "AB".as_bytes()[i] as char, args.join(" "));
+        }
+    };
+    let show = |i: usize, args: &[&str]| -> Result<String> {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &ns[i]])
+            .arg(&bin)
+            .args(args)
+            .output()?;
+        let s = String::from_utf8_lossy(&out.stdout).to_string();
+        if !out.status.success() {
+            bail!("{}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(s)
+    };
+    let mr_a = cli(0, &["mr", "reg", "--len", "65536"])?;
+    let mr_b = cli(1, &["mr", "reg", "--len", "65536"])?;
+    let key = |v: &Value, k: &str| v[k].as_u64().unwrap_or(0).to_string();
+    println!("== A registered MR addr 0x{:x} rkey 0x{:x}", mr_a["addr"].as_u64().unwrap_or(0), mr_a["rkey"].as_u64().unwrap_or(0));
+    println!("== B registered MR addr 0x{:x} rkey 0x{:x}", mr_b["addr"].as_u64().unwrap_or(0), mr_b["rkey"].as_u64().unwrap_or(0));
+    let qa = cli(0, &["qp", "create"])?["qpn"].as_u64().unwrap_or(0);
+    let qb = cli(1, &["qp", "create"])?["qpn"].as_u64().unwrap_or(0);
+    let c = cli(0, &["qp", "connect", &qa.to_string(), "--peer", addrs[1], "--remote-qpn", &qb.to_string()])?;
+    println!("== connected A qpn 0x{qa:x} <-> B qpn 0x{qb:x} (psn 0x{:x})", c["psn"].as_u64().unwrap_or(0));
+    let (la, lb) = (key(&mr_a, "lkey"), key(&mr_b, "lkey"));
+    let b_addr = mr_b["addr"].as_u64().unwrap_or(0);
+    let b_rkey = key(&mr_b, "rkey");
+    let qa_s = qa.to_string();
+    let qb_s = qb.to_string();
+
+    // 1. WRITE from A lands in B's memory.
+    let msg = b"hello from A over RoCEv2 + AF_XDP";
+    let hexmsg: String = msg.iter().map(|b| format!("{b:02x}")).collect();
+    let w = cli(0, &["post", "write", "--qp", &qa_s, "--key", &la, "--data", &hexmsg, "--remote-addr", &b_addr.to_string(), "--rkey", &b_rkey])?;
+    println!("== A: RDMA WRITE {} bytes -> {}", msg.len(), w["wc"]["status"]);
+    print!("{}", show(1, &["mr", "read", &lb, "--len", "48"])?);
+    let got = cli(1, &["mr", "read", &lb, "--len", &msg.len().to_string()])?;
+    check(got["data"].as_str() == Some(&hexmsg), "B's memory holds what A wrote")?;
+
+    // 2. READ pulls it back into another place of A's memory.
+    let r = cli(0, &["post", "read", "--qp", &qa_s, "--key", &la, "--offset", "4096", "--len", &msg.len().to_string(), "--remote-addr", &b_addr.to_string(), "--rkey", &b_rkey])?;
+    println!("== A: RDMA READ -> {}", r["wc"]["status"]);
+    let back = cli(0, &["mr", "read", &la, "--offset", "4096", "--len", &msg.len().to_string()])?;
+    check(back["data"].as_str() == Some(&hexmsg), "A read back the same bytes")?;
+
+    // 3. SEND/RECV.
+    cli(1, &["post", "recv", "--qp", &qb_s, "--key", &lb, "--offset", "8192", "--len", "256"])?;
+    let text = b"a message for B's receive queue";
+    let hext: String = text.iter().map(|b| format!("{b:02x}")).collect();
+    let s = cli(0, &["post", "send", "--qp", &qa_s, "--key", &la, "--offset", "12288", "--data", &hext])?;
+    println!("== A: SEND -> {}", s["wc"]["status"]);
+    let wcs = cli(1, &["cq", "poll", "--qp", &qb_s, "--wait-ms", "2000"])?;
+    let wc = &wcs["wcs"][0];
+    println!("== B: completion {} {} byte_len {}", wc["opcode"], wc["status"], wc["byte_len"]);
+    check(wc["status"] == "success" && wc["byte_len"] == text.len(), "B received the message")?;
+    let rx = cli(1, &["mr", "read", &lb, "--offset", "8192", "--len", &text.len().to_string()])?;
+    check(rx["data"].as_str() == Some(&hext), "the received bytes are the sent ones")?;
+
+    // 4. FETCH_ADD increments a counter in B.
+    let counter = (b_addr + 16384).to_string();
+    let mut last = 0;
+    for i in 0..3u64 {
+        let f = cli(0, &["post", "fetch-add", "--qp", &qa_s, "--key", &la, "--offset", "16384", "--remote-addr", &counter, "--rkey", &b_rkey, "--add", "1"])?;
+        let orig = f["original"].as_u64().unwrap_or(u64::MAX);
+        check(orig == i, &format!("FETCH_ADD #{} returned {orig}", i + 1))?;
+        last = orig;
+    }
+    let cnt = cli(1, &["mr", "read", &lb, "--offset", "16384", "--len", "8"])?;
+    println!("== A: 3x FETCH_ADD(1) returned 0,1,2; B's counter bytes {}", cnt["data"]);
+    check(cnt["data"].as_str() == Some("0300000000000000") && last == 2, "B's counter is 3")?;
+
+    println!("== stats on A:");
+    print!("{}", show(0, &["qp", "list"])?);
+    print!("{}", show(0, &["stats"])?);
+    println!("demo: all checks passed");
+    if keep {
+        println!("kept: namespaces {} {}; daemons pids {:?}", ns[0], ns[1], lab.pids);
+    }
+    Ok(())
+}
+
+fn check(ok: bool, what: &str) -> Result<()> {
+    if ok {
+        println!("   ok: {what}");
+        Ok(())
+    } else {
+        Err(anyhow!("check failed: {what}"))
+    }
+}
