@@ -95,7 +95,9 @@ const BPF_LINKER: &str = "0.10.4";
 /// With `install`, missing pieces are installed instead.
 fn prereqs(install: bool, for_tests: bool) -> Result<()> {
     let mut missing: Vec<(String, Box<dyn Fn() -> Result<()>>)> = Vec::new();
-    let is_root = have("id", &["-u"]).map(|s| s.trim() == "0").unwrap_or(false);
+    let is_root = have("id", &["-u"])
+        .map(|s| s.trim() == "0")
+        .unwrap_or(false);
     if !is_root {
         bail!("must run as root (XDP, AF_XDP and network namespaces need CAP_BPF/CAP_NET_ADMIN): use sudo");
     }
@@ -111,9 +113,12 @@ fn prereqs(install: bool, for_tests: bool) -> Result<()> {
             Box::new(|| sh(Command::new("rustup").args(["toolchain", "install", "nightly", "--profile", "minimal", "--component", "rust-src"]))),
         ));
     }
-    let src = have("rustup", &["component", "list", "--installed", "--toolchain", "nightly"])
-        .map(|s| s.lines().any(|l| l.starts_with("rust-src")))
-        .unwrap_or(false);
+    let src = have(
+        "rustup",
+        &["component", "list", "--installed", "--toolchain", "nightly"],
+    )
+    .map(|s| s.lines().any(|l| l.starts_with("rust-src")))
+    .unwrap_or(false);
     if nightly && !src {
         missing.push((
             "rust-src for nightly (eBPF build-std): rustup component add rust-src --toolchain nightly".into(),
@@ -133,6 +138,9 @@ fn prereqs(install: bool, for_tests: bool) -> Result<()> {
     }
     if for_tests && have("tshark", &["--version"]).is_none() {
         debs.push("tshark");
+    }
+    if for_tests && have("ping", &["-V"]).is_none() {
+        debs.push("iputils-ping");
     }
     if !debs.is_empty() {
         let list = debs.join(" ");
@@ -166,7 +174,8 @@ fn prereqs(install: bool, for_tests: bool) -> Result<()> {
 
 fn build(release: bool) -> Result<PathBuf> {
     let mut c = Command::new("cargo");
-    c.current_dir(root()).args(["build", "--quiet", "-p", "rdma-user", "--bins"]);
+    c.current_dir(root())
+        .args(["build", "--quiet", "-p", "rdma-user", "--bins"]);
     if release {
         c.arg("--release");
     }
@@ -187,7 +196,8 @@ fn test(args: &[String]) -> Result<()> {
     // Unit, simulation, capture and namespace tests; the namespace tests
     // serialize themselves (two cores: one data path pair at a time).
     let mut c = Command::new("cargo");
-    c.current_dir(root()).args(["test", "--workspace", "--exclude", "rdma-ebpf"]);
+    c.current_dir(root())
+        .args(["test", "--workspace", "--exclude", "rdma-ebpf"]);
     c.args(args);
     sh(&mut c).context("tests failed")
 }
@@ -205,17 +215,25 @@ impl Drop for Lab {
             return;
         }
         for pid in &self.pids {
-            let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+            let _ = Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
         }
         let deadline = Instant::now() + Duration::from_secs(3);
         for pid in &self.pids {
             while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(50));
             }
-            let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).stderr(Stdio::null()).status();
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .stderr(Stdio::null())
+                .status();
         }
         for ns in &self.ns {
-            let _ = Command::new("ip").args(["netns", "del", ns]).stderr(Stdio::null()).status();
+            let _ = Command::new("ip")
+                .args(["netns", "del", ns])
+                .stderr(Stdio::null())
+                .status();
         }
     }
 }
@@ -228,7 +246,10 @@ fn demo(keep: bool) -> Result<()> {
     let bin = build(false)?;
     let ns = ["rdmademo-a".to_string(), "rdmademo-b".to_string()];
     for n in &ns {
-        let _ = Command::new("ip").args(["netns", "del", n]).stderr(Stdio::null()).status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", n])
+            .stderr(Stdio::null())
+            .status();
     }
     let mut lab = Lab {
         ns: ns.clone(),
@@ -240,14 +261,27 @@ fn demo(keep: bool) -> Result<()> {
     for n in &ns {
         ip(&["netns", "add", n])?;
     }
-    ip(&["link", "add", devs[0], "type", "veth", "peer", "name", devs[1]])?;
+    ip(&[
+        "link", "add", devs[0], "type", "veth", "peer", "name", devs[1],
+    ])?;
     for i in 0..2 {
         ip(&["link", "set", devs[i], "netns", &ns[i]])?;
-        ip(&["-n", &ns[i], "addr", "add", &format!("{}/24", addrs[i]), "dev", devs[i]])?;
+        ip(&[
+            "-n",
+            &ns[i],
+            "addr",
+            "add",
+            &format!("{}/24", addrs[i]),
+            "dev",
+            devs[i],
+        ])?;
         ip(&["-n", &ns[i], "link", "set", devs[i], "up"])?;
         ip(&["-n", &ns[i], "link", "set", "lo", "up"])?;
     }
-    println!("== two hosts: {} ({}) <-veth-> {} ({})", ns[0], addrs[0], ns[1], addrs[1]);
+    println!(
+        "== two hosts: {} ({}) <-veth-> {} ({})",
+        ns[0], addrs[0], ns[1], addrs[1]
+    );
     for i in 0..2 {
         let log = std::fs::File::create(std::env::temp_dir().join(format!("rdma-demo-{i}.log")))?;
         let child = Command::new("ip")
@@ -276,7 +310,11 @@ fn demo(keep: bool) -> Result<()> {
                 std::thread::sleep(Duration::from_millis(100));
                 continue;
             }
-            bail!("host {}: rdma {}: {err}", "AB".as_bytes()[i] as char, args.join(" "));
+            bail!(
+                "host {}: rdma {}: {err}",
+                "AB".as_bytes()[i] as char,
+                args.join(" ")
+            );
         }
     };
     let show = |i: usize, args: &[&str]| -> Result<String> {
@@ -294,12 +332,34 @@ fn demo(keep: bool) -> Result<()> {
     let mr_a = cli(0, &["mr", "reg", "--len", "65536"])?;
     let mr_b = cli(1, &["mr", "reg", "--len", "65536"])?;
     let key = |v: &Value, k: &str| v[k].as_u64().unwrap_or(0).to_string();
-    println!("== A registered MR addr 0x{:x} rkey 0x{:x}", mr_a["addr"].as_u64().unwrap_or(0), mr_a["rkey"].as_u64().unwrap_or(0));
-    println!("== B registered MR addr 0x{:x} rkey 0x{:x}", mr_b["addr"].as_u64().unwrap_or(0), mr_b["rkey"].as_u64().unwrap_or(0));
+    println!(
+        "== A registered MR addr 0x{:x} rkey 0x{:x}",
+        mr_a["addr"].as_u64().unwrap_or(0),
+        mr_a["rkey"].as_u64().unwrap_or(0)
+    );
+    println!(
+        "== B registered MR addr 0x{:x} rkey 0x{:x}",
+        mr_b["addr"].as_u64().unwrap_or(0),
+        mr_b["rkey"].as_u64().unwrap_or(0)
+    );
     let qa = cli(0, &["qp", "create"])?["qpn"].as_u64().unwrap_or(0);
     let qb = cli(1, &["qp", "create"])?["qpn"].as_u64().unwrap_or(0);
-    let c = cli(0, &["qp", "connect", &qa.to_string(), "--peer", addrs[1], "--remote-qpn", &qb.to_string()])?;
-    println!("== connected A qpn 0x{qa:x} <-> B qpn 0x{qb:x} (psn 0x{:x})", c["psn"].as_u64().unwrap_or(0));
+    let c = cli(
+        0,
+        &[
+            "qp",
+            "connect",
+            &qa.to_string(),
+            "--peer",
+            addrs[1],
+            "--remote-qpn",
+            &qb.to_string(),
+        ],
+    )?;
+    println!(
+        "== connected A qpn 0x{qa:x} <-> B qpn 0x{qb:x} (psn 0x{:x})",
+        c["psn"].as_u64().unwrap_or(0)
+    );
     let (la, lb) = (key(&mr_a, "lkey"), key(&mr_b, "lkey"));
     let b_addr = mr_b["addr"].as_u64().unwrap_or(0);
     let b_rkey = key(&mr_b, "rkey");
@@ -309,50 +369,162 @@ fn demo(keep: bool) -> Result<()> {
     // 1. WRITE from A lands in B's memory.
     let msg = b"hello from A over RoCEv2 + AF_XDP";
     let hexmsg: String = msg.iter().map(|b| format!("{b:02x}")).collect();
-    let w = cli(0, &["post", "write", "--qp", &qa_s, "--key", &la, "--data", &hexmsg, "--remote-addr", &b_addr.to_string(), "--rkey", &b_rkey])?;
-    println!("== A: RDMA WRITE {} bytes -> {}", msg.len(), w["wc"]["status"]);
+    let w = cli(
+        0,
+        &[
+            "post",
+            "write",
+            "--qp",
+            &qa_s,
+            "--key",
+            &la,
+            "--data",
+            &hexmsg,
+            "--remote-addr",
+            &b_addr.to_string(),
+            "--rkey",
+            &b_rkey,
+        ],
+    )?;
+    println!(
+        "== A: RDMA WRITE {} bytes -> {}",
+        msg.len(),
+        w["wc"]["status"]
+    );
     print!("{}", show(1, &["mr", "read", &lb, "--len", "48"])?);
     let got = cli(1, &["mr", "read", &lb, "--len", &msg.len().to_string()])?;
-    check(got["data"].as_str() == Some(&hexmsg), "B's memory holds what A wrote")?;
+    check(
+        got["data"].as_str() == Some(&hexmsg),
+        "B's memory holds what A wrote",
+    )?;
 
     // 2. READ pulls it back into another place of A's memory.
-    let r = cli(0, &["post", "read", "--qp", &qa_s, "--key", &la, "--offset", "4096", "--len", &msg.len().to_string(), "--remote-addr", &b_addr.to_string(), "--rkey", &b_rkey])?;
+    let r = cli(
+        0,
+        &[
+            "post",
+            "read",
+            "--qp",
+            &qa_s,
+            "--key",
+            &la,
+            "--offset",
+            "4096",
+            "--len",
+            &msg.len().to_string(),
+            "--remote-addr",
+            &b_addr.to_string(),
+            "--rkey",
+            &b_rkey,
+        ],
+    )?;
     println!("== A: RDMA READ -> {}", r["wc"]["status"]);
-    let back = cli(0, &["mr", "read", &la, "--offset", "4096", "--len", &msg.len().to_string()])?;
-    check(back["data"].as_str() == Some(&hexmsg), "A read back the same bytes")?;
+    let back = cli(
+        0,
+        &[
+            "mr",
+            "read",
+            &la,
+            "--offset",
+            "4096",
+            "--len",
+            &msg.len().to_string(),
+        ],
+    )?;
+    check(
+        back["data"].as_str() == Some(&hexmsg),
+        "A read back the same bytes",
+    )?;
 
     // 3. SEND/RECV.
-    cli(1, &["post", "recv", "--qp", &qb_s, "--key", &lb, "--offset", "8192", "--len", "256"])?;
+    cli(
+        1,
+        &[
+            "post", "recv", "--qp", &qb_s, "--key", &lb, "--offset", "8192", "--len", "256",
+        ],
+    )?;
     let text = b"a message for B's receive queue";
     let hext: String = text.iter().map(|b| format!("{b:02x}")).collect();
-    let s = cli(0, &["post", "send", "--qp", &qa_s, "--key", &la, "--offset", "12288", "--data", &hext])?;
+    let s = cli(
+        0,
+        &[
+            "post", "send", "--qp", &qa_s, "--key", &la, "--offset", "12288", "--data", &hext,
+        ],
+    )?;
     println!("== A: SEND -> {}", s["wc"]["status"]);
     let wcs = cli(1, &["cq", "poll", "--qp", &qb_s, "--wait-ms", "2000"])?;
     let wc = &wcs["wcs"][0];
-    println!("== B: completion {} {} byte_len {}", wc["opcode"], wc["status"], wc["byte_len"]);
-    check(wc["status"] == "success" && wc["byte_len"] == text.len(), "B received the message")?;
-    let rx = cli(1, &["mr", "read", &lb, "--offset", "8192", "--len", &text.len().to_string()])?;
-    check(rx["data"].as_str() == Some(&hext), "the received bytes are the sent ones")?;
+    println!(
+        "== B: completion {} {} byte_len {}",
+        wc["opcode"], wc["status"], wc["byte_len"]
+    );
+    check(
+        wc["status"] == "success" && wc["byte_len"] == text.len(),
+        "B received the message",
+    )?;
+    let rx = cli(
+        1,
+        &[
+            "mr",
+            "read",
+            &lb,
+            "--offset",
+            "8192",
+            "--len",
+            &text.len().to_string(),
+        ],
+    )?;
+    check(
+        rx["data"].as_str() == Some(&hext),
+        "the received bytes are the sent ones",
+    )?;
 
     // 4. FETCH_ADD increments a counter in B.
     let counter = (b_addr + 16384).to_string();
     let mut last = 0;
     for i in 0..3u64 {
-        let f = cli(0, &["post", "fetch-add", "--qp", &qa_s, "--key", &la, "--offset", "16384", "--remote-addr", &counter, "--rkey", &b_rkey, "--add", "1"])?;
+        let f = cli(
+            0,
+            &[
+                "post",
+                "fetch-add",
+                "--qp",
+                &qa_s,
+                "--key",
+                &la,
+                "--offset",
+                "16384",
+                "--remote-addr",
+                &counter,
+                "--rkey",
+                &b_rkey,
+                "--add",
+                "1",
+            ],
+        )?;
         let orig = f["original"].as_u64().unwrap_or(u64::MAX);
         check(orig == i, &format!("FETCH_ADD #{} returned {orig}", i + 1))?;
         last = orig;
     }
     let cnt = cli(1, &["mr", "read", &lb, "--offset", "16384", "--len", "8"])?;
-    println!("== A: 3x FETCH_ADD(1) returned 0,1,2; B's counter bytes {}", cnt["data"]);
-    check(cnt["data"].as_str() == Some("0300000000000000") && last == 2, "B's counter is 3")?;
+    println!(
+        "== A: 3x FETCH_ADD(1) returned 0,1,2; B's counter bytes {}",
+        cnt["data"]
+    );
+    check(
+        cnt["data"].as_str() == Some("0300000000000000") && last == 2,
+        "B's counter is 3",
+    )?;
 
     println!("== stats on A:");
     print!("{}", show(0, &["qp", "list"])?);
     print!("{}", show(0, &["stats"])?);
     println!("demo: all checks passed");
     if keep {
-        println!("kept: namespaces {} {}; daemons pids {:?}", ns[0], ns[1], lab.pids);
+        println!(
+            "kept: namespaces {} {}; daemons pids {:?}",
+            ns[0], ns[1], lab.pids
+        );
     }
     Ok(())
 }

@@ -1,0 +1,273 @@
+//! Two hosts in network namespaces joined by a veth pair, with daemons.
+//! Everything is removed on drop, also when a test fails; tests hold the
+//! SERIAL lock so that only one pair of data paths runs at a time.
+
+#![allow(dead_code)]
+
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub static SERIAL: Mutex<()> = Mutex::new(());
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+pub fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_rdma");
+
+pub struct Lab {
+    pub ns: [String; 2],
+    pub dev: [String; 2],
+    pub addr: [String; 2],
+    pub daemons: [Option<Child>; 2],
+}
+
+fn ip(args: &[&str]) {
+    let st = Command::new("ip").args(args).status().expect("ip");
+    assert!(st.success(), "ip {}", args.join(" "));
+}
+
+impl Lab {
+    pub fn new(mtu: u32) -> Lab {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let pid = std::process::id() % 100000;
+        let tag = format!("{pid}x{n}");
+        let ns = [format!("rt-{tag}-a"), format!("rt-{tag}-b")];
+        let dev = [format!("rt{tag}a"), format!("rt{tag}b")];
+        let addr = [format!("10.66.{n}.1"), format!("10.66.{n}.2")];
+        let lab = Lab {
+            ns: ns.clone(),
+            dev: dev.clone(),
+            addr: addr.clone(),
+            daemons: [None, None],
+        };
+        for s in &ns {
+            ip(&["netns", "add", s]);
+        }
+        ip(&[
+            "link", "add", &dev[0], "type", "veth", "peer", "name", &dev[1],
+        ]);
+        for i in 0..2 {
+            ip(&["link", "set", &dev[i], "netns", &ns[i]]);
+            ip(&[
+                "-n",
+                &ns[i],
+                "link",
+                "set",
+                &dev[i],
+                "mtu",
+                &mtu.to_string(),
+            ]);
+            ip(&[
+                "-n",
+                &ns[i],
+                "addr",
+                "add",
+                &format!("{}/24", addr[i]),
+                "dev",
+                &dev[i],
+            ]);
+            ip(&["-n", &ns[i], "link", "set", &dev[i], "up"]);
+            ip(&["-n", &ns[i], "link", "set", "lo", "up"]);
+        }
+        lab
+    }
+
+    pub fn exec(&self, i: usize, prog: &str, args: &[&str]) -> Output {
+        Command::new("ip")
+            .args(["netns", "exec", &self.ns[i], prog])
+            .args(args)
+            .output()
+            .expect("ip netns exec")
+    }
+
+    /// `rdma --json ARGS` on host i; Ok(json) or Err(stderr line).
+    pub fn rdma(&self, i: usize, args: &[&str]) -> Result<Value, String> {
+        let mut a = vec!["--json"];
+        a.extend_from_slice(args);
+        let out = self.exec(i, BIN, &a);
+        if out.status.success() {
+            serde_json::from_slice(&out.stdout).map_err(|e| format!("bad JSON: {e}"))
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+        }
+    }
+
+    pub fn ok(&self, i: usize, args: &[&str]) -> Value {
+        self.rdma(i, args)
+            .unwrap_or_else(|e| panic!("rdma {} on host {i}: {e}", args.join(" ")))
+    }
+
+    /// Starts the daemon on host i (adaptive polling) and waits until it serves.
+    pub fn up(&mut self, i: usize, extra: &[&str]) {
+        let mut args = vec![
+            "netns",
+            "exec",
+            &self.ns[i],
+            BIN,
+            "up",
+            "--iface",
+            &self.dev[i],
+            "--adaptive",
+        ];
+        args.extend_from_slice(extra);
+        let child = Command::new("ip")
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn daemon");
+        self.daemons[i] = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if self.rdma(i, &["mr", "list"]).is_ok() {
+                return;
+            }
+            if let Some(c) = self.daemons[i].as_mut() {
+                if let Ok(Some(st)) = c.try_wait() {
+                    let out = self.daemons[i].take().unwrap().wait_with_output().unwrap();
+                    panic!(
+                        "daemon exited ({st}): {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("daemon on host {i} did not come up");
+    }
+
+    /// SIGTERM the daemon and return what it printed.
+    pub fn stop(&mut self, i: usize) -> String {
+        let Some(c) = self.daemons[i].take() else {
+            return String::new();
+        };
+        // `ip netns exec` execs the daemon, so the child pid is the daemon.
+        let _ = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status();
+        let out = wait_timeout(c, Duration::from_secs(10));
+        String::from_utf8_lossy(&out.stderr).to_string()
+    }
+
+    pub fn kill9(&mut self, i: usize) {
+        if let Some(mut c) = self.daemons[i].take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn xdp_attached(&self, i: usize) -> bool {
+        let out = self.exec(i, "ip", &["-d", "link", "show", "dev", &self.dev[i]]);
+        String::from_utf8_lossy(&out.stdout).contains("prog/xdp")
+    }
+
+    pub fn mac(&self, i: usize) -> [u8; 6] {
+        let out = self.exec(
+            i,
+            "cat",
+            &[&format!("/sys/class/net/{}/address", self.dev[i])],
+        );
+        rdma_user::hostnet::parse_mac(&String::from_utf8_lossy(&out.stdout)).unwrap()
+    }
+
+    /// Registers an MR on host i; returns (addr, lkey, rkey).
+    pub fn mr(&self, i: usize, len: usize, access: &str) -> (u64, u64, u64) {
+        let v = self.ok(
+            i,
+            &["mr", "reg", "--len", &len.to_string(), "--access", access],
+        );
+        (
+            v["addr"].as_u64().unwrap(),
+            v["lkey"].as_u64().unwrap(),
+            v["rkey"].as_u64().unwrap(),
+        )
+    }
+
+    /// Creates a QP on each host and connects them; returns (qpn A, qpn B).
+    pub fn connect(&self) -> (u64, u64) {
+        let qa = self.ok(0, &["qp", "create"])["qpn"].as_u64().unwrap();
+        let qb = self.ok(1, &["qp", "create"])["qpn"].as_u64().unwrap();
+        self.ok(
+            0,
+            &[
+                "qp",
+                "connect",
+                &qa.to_string(),
+                "--peer",
+                &self.addr[1],
+                "--remote-qpn",
+                &qb.to_string(),
+            ],
+        );
+        (qa, qb)
+    }
+
+    pub fn mr_bytes(&self, i: usize, key: u64, off: u64, len: u64) -> Vec<u8> {
+        let v = self.ok(
+            i,
+            &[
+                "mr",
+                "read",
+                &key.to_string(),
+                "--offset",
+                &off.to_string(),
+                "--len",
+                &len.to_string(),
+            ],
+        );
+        rdma_user::daemon::unhex(v["data"].as_str().unwrap()).unwrap()
+    }
+}
+
+/// Runs `f` on a thread that has entered network namespace `ns`: sockets it
+/// opens live there.
+pub fn in_netns<T: Send + 'static>(
+    ns: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    let path = format!("/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let fd = std::fs::File::open(&path).expect("netns file");
+        // SAFETY: setns on this thread only, with a valid namespace fd.
+        let r = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&fd), libc::CLONE_NEWNET) };
+        assert_eq!(r, 0, "setns {path}: {}", std::io::Error::last_os_error());
+        f()
+    })
+}
+
+pub fn wait_timeout(mut c: Child, t: Duration) -> Output {
+    let deadline = Instant::now() + t;
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = c.try_wait() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = c.kill();
+    c.wait_with_output().expect("wait")
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        for i in 0..2 {
+            if let Some(c) = self.daemons[i].take() {
+                let _ = Command::new("kill")
+                    .args(["-TERM", &c.id().to_string()])
+                    .status();
+                let _ = wait_timeout(c, Duration::from_secs(5));
+            }
+        }
+        for s in &self.ns {
+            let _ = Command::new("ip")
+                .args(["netns", "del", s])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}

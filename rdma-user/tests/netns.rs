@@ -1,0 +1,595 @@
+//! Integration tests on a veth pair between two network namespaces, as root.
+//! They run one at a time (SERIAL) and remove what they create, even when
+//! they fail.
+
+mod lab;
+
+use std::process::Command;
+use std::time::Duration;
+
+use lab::{serial, Lab, BIN};
+use rdma_user::daemon::hex;
+use rdma_user::wire::*;
+use serde_json::Value;
+
+/// A valid RoCEv2 frame from host A to host B.
+fn frame(lab: &Lab, v6: bool, vlan: Option<u16>, opc: u8, payload: &[u8]) -> Vec<u8> {
+    let ip = if v6 {
+        IpRepr::V6(Ipv6Repr {
+            src: [0xfd, 0x66, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+            dst: [0xfd, 0x66, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2],
+            traffic_class: 0,
+            flow_label: 0,
+            hop_limit: 64,
+            next_header: IPPROTO_UDP,
+        })
+    } else {
+        IpRepr::V4(Ipv4Repr {
+            src: lab.addr[0].parse::<std::net::Ipv4Addr>().unwrap().octets(),
+            dst: lab.addr[1].parse::<std::net::Ipv4Addr>().unwrap().octets(),
+            ..Default::default()
+        })
+    };
+    let r = RoceRepr {
+        eth: EthernetRepr {
+            dst: lab.mac(1),
+            src: lab.mac(0),
+            vlan_tci: vlan,
+            ethertype: ip.ethertype(),
+        },
+        ip,
+        udp: UdpRepr {
+            src_port: 0xc123,
+            dst_port: ROCE_V2_UDP_PORT,
+            checksum: 0,
+        },
+        transport: TransportRepr {
+            bth: BthRepr {
+                opcode: opc,
+                pkey: 0xffff,
+                dest_qpn: 0x11,
+                ack_req: true,
+                psn: 7,
+                ..Default::default()
+            },
+            reth: Some(RethRepr {
+                va: 0x1000,
+                rkey: 0x1234,
+                dma_len: payload.len() as u32,
+            }),
+            ..Default::default()
+        },
+    };
+    let mut buf = vec![0u8; r.frame_len(payload.len())];
+    r.emit(payload, &mut buf).unwrap();
+    buf
+}
+
+/// Recomputes the IPv4 header checksum after a test edited the header.
+fn fix_ip_csum(f: &mut [u8]) {
+    f[24] = 0;
+    f[25] = 0;
+    let c = ipv4_checksum(&f[14..34]);
+    f[24..26].copy_from_slice(&c.to_be_bytes());
+}
+
+struct Recv {
+    frames: Vec<String>,
+    stats: Value,
+}
+
+/// Runs `rdma xsk-recv` on host B while `inject` sends from host A.
+fn xsk_recv(lab: &Lab, count: usize, frames: &[Vec<u8>], extra: &[&str]) -> Recv {
+    let mut args = vec![
+        "netns".to_string(),
+        "exec".into(),
+        lab.ns[1].clone(),
+        BIN.into(),
+        "xsk-recv".into(),
+        "--dev".into(),
+        lab.dev[1].clone(),
+        "--count".into(),
+        count.to_string(),
+        "--timeout-ms".into(),
+        "3000".into(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let mut child = Command::new("ip")
+        .args(&args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait for "ready" (XDP attached, socket bound).
+    use std::io::BufRead;
+    let stdout = child.stdout.take().unwrap();
+    let mut reader = std::io::BufReader::new(stdout);
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready", "xsk-recv did not start");
+    let hexes: Vec<String> = frames.iter().map(|f| hex(f)).collect();
+    let mut inj = vec!["inject", "--dev", &lab.dev[0]];
+    for h in &hexes {
+        inj.push("--hex");
+        inj.push(h);
+    }
+    let out = lab.exec(0, BIN, &inj);
+    assert!(
+        out.status.success(),
+        "inject: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut reader, &mut rest).unwrap();
+    let _ = lab::wait_timeout(child, Duration::from_secs(10));
+    let mut r = Recv {
+        frames: Vec::new(),
+        stats: Value::Null,
+    };
+    for l in rest.lines() {
+        if let Some(h) = l.strip_prefix("frame ") {
+            r.frames.push(h.to_string());
+        } else if let Some(s) = l.strip_prefix("stats ") {
+            r.stats = serde_json::from_str(s).unwrap();
+        }
+    }
+    r
+}
+
+#[test]
+fn ping_and_tcp_still_work_with_xdp_attached() {
+    let _g = serial();
+    let mut lab = Lab::new(1500);
+    lab.up(0, &[]);
+    lab.up(1, &[]);
+    assert!(lab.xdp_attached(0) && lab.xdp_attached(1));
+    let out = lab.exec(0, "ping", &["-c", "2", "-W", "2", &lab.addr[1]]);
+    assert!(
+        out.status.success(),
+        "ping failed: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // TCP: a listener in B, a client in A, through the XDP-attached veths.
+    use std::io::{Read, Write};
+    let server = lab::in_netns(&lab.ns[1], || {
+        let l = std::net::TcpListener::bind("0.0.0.0:9400").unwrap();
+        let (mut c, _) = l.accept().unwrap();
+        let mut buf = [0u8; 9];
+        c.read_exact(&mut buf).unwrap();
+        c.write_all(&buf.to_ascii_uppercase()).unwrap();
+    });
+    let peer = format!("{}:9400", lab.addr[1]);
+    let reply = lab::in_netns(&lab.ns[0], move || {
+        let mut s = (0..50)
+            .find_map(|_| {
+                std::net::TcpStream::connect_timeout(&peer.parse().unwrap(), Duration::from_secs(1))
+                    .map_err(|_| std::thread::sleep(Duration::from_millis(100)))
+                    .ok()
+            })
+            .expect("TCP connect");
+        s.set_nodelay(true).unwrap();
+        s.write_all(b"hello tcp").unwrap();
+        let mut buf = [0u8; 9];
+        s.read_exact(&mut buf).unwrap();
+        buf
+    })
+    .join()
+    .unwrap();
+    server.join().unwrap();
+    assert_eq!(&reply, b"HELLO TCP");
+    let s = lab.ok(1, &["stats"]);
+    assert!(
+        s["xdp"]["pass_not_roce"].as_u64().unwrap() > 0,
+        "TCP went through XDP as pass"
+    );
+}
+
+#[test]
+fn crafted_frames_get_the_right_verdict_and_arrive_intact() {
+    let _g = serial();
+    let lab = Lab::new(1500);
+    let payload: Vec<u8> = (0..1024).map(|i| (i * 7) as u8).collect();
+    let valid = frame(&lab, false, None, opcode::RC_RDMA_WRITE_ONLY, &payload);
+    let v6 = frame(&lab, true, None, opcode::RC_RDMA_WRITE_ONLY, &payload[..64]);
+    let vlan = frame(
+        &lab,
+        false,
+        Some(100),
+        opcode::RC_RDMA_WRITE_ONLY,
+        &payload[..64],
+    );
+    // Truncated: IP and UDP say more than the frame holds.
+    let truncated = valid[..14 + 20 + 8 + 6].to_vec();
+    // Wrong UDP port.
+    let mut wrong_port = valid.clone();
+    wrong_port[14 + 20 + 2..14 + 20 + 4].copy_from_slice(&4792u16.to_be_bytes());
+    // A non-first IPv4 fragment (offset 185*8).
+    let mut frag = valid.clone();
+    frag[14 + 6..14 + 8].copy_from_slice(&185u16.to_be_bytes());
+    fix_ip_csum(&mut frag);
+    let mut bad_tver = valid.clone();
+    bad_tver[14 + 20 + 8 + 1] |= 0x01;
+    let mut bad_opcode = valid.clone();
+    bad_opcode[14 + 20 + 8] = 0x15;
+    let frames = vec![
+        valid.clone(),
+        truncated,
+        wrong_port,
+        v6.clone(),
+        vlan.clone(),
+        frag,
+        bad_tver,
+        bad_opcode,
+    ];
+    let r = xsk_recv(&lab, 3, &frames, &[]);
+    let st = &r.stats;
+    assert_eq!(st["redirect"], 3, "{st}");
+    assert_eq!(st["drop_truncated"], 1, "{st}");
+    assert_eq!(st["drop_bad_tver"], 1, "{st}");
+    assert_eq!(st["drop_unknown_opcode"], 1, "{st}");
+    assert!(st["pass_not_roce"].as_u64().unwrap() >= 1, "{st}");
+    assert_eq!(st["pass_fragment"], 1, "{st}");
+    // The redirected frames arrive in AF_XDP byte for byte.
+    let want: Vec<String> = [valid, v6, vlan].iter().map(|f| hex(f)).collect();
+    assert_eq!(r.frames, want);
+}
+
+#[test]
+fn multi_buffer_frame_at_mtu_9000_arrives_intact() {
+    let _g = serial();
+    let lab = Lab::new(9000);
+    // 4 KiB payload: ~4154-byte frame, more than one 4 KiB UMEM chunk.
+    let payload: Vec<u8> = (0..4096u32).map(|i| (i ^ (i >> 8)) as u8).collect();
+    let big = frame(&lab, false, None, opcode::RC_RDMA_WRITE_ONLY, &payload);
+    assert!(big.len() > 4096);
+    let r = xsk_recv(&lab, 1, std::slice::from_ref(&big), &[]);
+    assert_eq!(r.stats["redirect"], 1, "{}", r.stats);
+    assert_eq!(r.frames, vec![hex(&big)]);
+}
+
+#[test]
+fn second_up_refuses_and_sigterm_detaches() {
+    let _g = serial();
+    let mut lab = Lab::new(1500);
+    lab.up(0, &[]);
+    let out = lab.exec(0, BIN, &["up", "--iface", &lab.dev[0].clone()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("already running"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one clear line: {err}");
+    assert!(lab.xdp_attached(0));
+    let log = lab.stop(0);
+    assert!(log.contains("XDP detached"), "{log}");
+    assert!(!lab.xdp_attached(0), "program left behind");
+    let sock = lab.exec(0, "sh", &["-c", "ls /run/rdma-xdp/ns-*/ 2>/dev/null"]);
+    assert!(!String::from_utf8_lossy(&sock.stdout).contains(&format!("{}.sock", lab.dev[0])));
+}
+
+#[test]
+fn up_after_sigkill_starts_cleanly() {
+    let _g = serial();
+    let mut lab = Lab::new(1500);
+    lab.up(0, &[]);
+    lab.kill9(0);
+    lab.up(0, &[]);
+    assert!(lab.xdp_attached(0));
+    lab.ok(0, &["mr", "list"]);
+}
+
+#[test]
+fn rdma_write_read_send_atomics_between_namespaces() {
+    let _g = serial();
+    let mut lab = Lab::new(1500);
+    lab.up(0, &[]);
+    lab.up(1, &[]);
+    let (a_addr, a_l, _) = lab.mr(0, 1 << 16, "all");
+    let (b_addr, b_l, b_r) = lab.mr(1, 1 << 16, "all");
+    let _ = a_addr;
+    let (qa, qb) = lab.connect();
+    let (qa, qb) = (qa.to_string(), qb.to_string());
+    // A 10000-byte WRITE: ten packets at MTU 1024.
+    let data: Vec<u8> = (0..10000u32).map(|i| (i * 13 + 5) as u8).collect();
+    let v = lab.ok(
+        0,
+        &[
+            "post",
+            "write",
+            "--qp",
+            &qa,
+            "--key",
+            &a_l.to_string(),
+            "--data",
+            &hex(&data),
+            "--remote-addr",
+            &(b_addr + 100).to_string(),
+            "--rkey",
+            &b_r.to_string(),
+        ],
+    );
+    assert_eq!(v["wc"]["status"], "success");
+    assert_eq!(lab.mr_bytes(1, b_l, 100, 10000), data);
+    let v = lab.ok(
+        0,
+        &[
+            "post",
+            "read",
+            "--qp",
+            &qa,
+            "--key",
+            &a_l.to_string(),
+            "--offset",
+            "20000",
+            "--len",
+            "10000",
+            "--remote-addr",
+            &(b_addr + 100).to_string(),
+            "--rkey",
+            &b_r.to_string(),
+        ],
+    );
+    assert_eq!(v["wc"]["status"], "success");
+    assert_eq!(lab.mr_bytes(0, a_l, 20000, 10000), data);
+    // SEND with immediate into a posted RECV.
+    lab.ok(
+        1,
+        &[
+            "post",
+            "recv",
+            "--qp",
+            &qb,
+            "--key",
+            &b_l.to_string(),
+            "--offset",
+            "40000",
+            "--len",
+            "3000",
+        ],
+    );
+    lab.ok(
+        0,
+        &[
+            "post",
+            "send",
+            "--qp",
+            &qa,
+            "--key",
+            &a_l.to_string(),
+            "--offset",
+            "50000",
+            "--data",
+            &hex(&data[..2500]),
+            "--imm",
+            "0x1234",
+        ],
+    );
+    let w = lab.ok(1, &["cq", "poll", "--qp", &qb, "--wait-ms", "2000"]);
+    assert_eq!(w["wcs"][0]["status"], "success");
+    assert_eq!(w["wcs"][0]["byte_len"], 2500);
+    assert_eq!(w["wcs"][0]["imm"], 0x1234);
+    assert_eq!(lab.mr_bytes(1, b_l, 40000, 2500), &data[..2500]);
+    // CMP_SWAP then FETCH_ADD on one counter.
+    let ctr = (b_addr + 60000).to_string();
+    let v = lab.ok(
+        0,
+        &[
+            "post",
+            "cmp-swap",
+            "--qp",
+            &qa,
+            "--key",
+            &a_l.to_string(),
+            "--offset",
+            "60000",
+            "--remote-addr",
+            &ctr,
+            "--rkey",
+            &b_r.to_string(),
+            "--compare",
+            "0",
+            "--swap",
+            "40",
+        ],
+    );
+    assert_eq!(v["original"], 0);
+    let v = lab.ok(
+        0,
+        &[
+            "post",
+            "fetch-add",
+            "--qp",
+            &qa,
+            "--key",
+            &a_l.to_string(),
+            "--offset",
+            "60000",
+            "--remote-addr",
+            &ctr,
+            "--rkey",
+            &b_r.to_string(),
+            "--add",
+            "2",
+        ],
+    );
+    assert_eq!(v["original"], 40);
+    assert_eq!(lab.mr_bytes(1, b_l, 60000, 8), 42u64.to_ne_bytes());
+    let q = lab.ok(0, &["qp", "list"]);
+    assert_eq!(q["qps"][0]["stats"]["retransmits"], 0, "{q}");
+}
+
+#[test]
+fn access_violations_fail_with_rem_access_err_and_touch_nothing() {
+    let _g = serial();
+    let mut lab = Lab::new(1500);
+    lab.up(0, &[]);
+    lab.up(1, &[]);
+    let (_, a_l, _) = lab.mr(0, 4096, "all");
+    let (ro_addr, ro_l, ro_r) = lab.mr(1, 4096, "local-write,remote-read");
+    let (rw_addr, rw_l, rw_r) = lab.mr(1, 4096, "all");
+    let (gone_addr, gone_l, gone_r) = lab.mr(1, 4096, "all");
+    lab.ok(1, &["mr", "dereg", &gone_l.to_string()]);
+    let cases: Vec<(&str, u64, u64)> = vec![
+        ("WRITE to a read-only MR", ro_addr, ro_r),
+        ("VA out of bounds", rw_addr + 4090, rw_r),
+        ("wrong rkey", rw_addr, rw_r ^ 0x5a5a5a),
+        ("deregistered MR", gone_addr, gone_r),
+    ];
+    let before_ro = lab.mr_bytes(1, ro_l, 0, 4096);
+    let before_rw = lab.mr_bytes(1, rw_l, 0, 4096);
+    for (name, va, rkey) in cases {
+        // An access error is fatal to the connection: a fresh QP pair each.
+        let (qa, _) = lab.connect();
+        let r = lab.rdma(
+            0,
+            &[
+                "post",
+                "write",
+                "--qp",
+                &qa.to_string(),
+                "--key",
+                &a_l.to_string(),
+                "--data",
+                "deadbeefdeadbeef",
+                "--remote-addr",
+                &va.to_string(),
+                "--rkey",
+                &rkey.to_string(),
+            ],
+        );
+        let err = r.expect_err(name);
+        assert!(err.contains("REM_ACCESS_ERR"), "{name}: {err}");
+        assert_eq!(lab.mr_bytes(1, ro_l, 0, 4096), before_ro, "{name}");
+        assert_eq!(lab.mr_bytes(1, rw_l, 0, 4096), before_rw, "{name}");
+        let q = lab.ok(0, &["qp", "list"]);
+        let st = q["qps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["qpn"] == qa)
+            .unwrap()["state"]
+            .clone();
+        assert_eq!(st, "ERR", "{name}");
+    }
+}
+
+#[test]
+fn stopping_a_daemon_flushes_outstanding_work() {
+    let _g = serial();
+    let mut lab = Lab::new(1500);
+    lab.up(0, &[]);
+    lab.up(1, &[]);
+    let (_, b_l, _) = lab.mr(1, 4096, "all");
+    let (_, qb) = lab.connect();
+    for k in 0..3 {
+        lab.ok(
+            1,
+            &[
+                "post",
+                "recv",
+                "--qp",
+                &qb.to_string(),
+                "--key",
+                &b_l.to_string(),
+                "--offset",
+                &(k * 100).to_string(),
+                "--len",
+                "100",
+            ],
+        );
+    }
+    let log = lab.stop(1);
+    assert!(
+        log.contains("3 outstanding work requests flushed (WR_FLUSH_ERR)"),
+        "{log}"
+    );
+    assert!(!lab.xdp_attached(1));
+}
+
+#[test]
+fn cli_errors_are_one_clear_line() {
+    let _g = serial();
+    let mut lab = Lab::new(1500);
+    // No daemon yet.
+    let e = lab.rdma(0, &["mr", "list"]).unwrap_err();
+    assert!(e.contains("no daemon"), "{e}");
+    // Interface missing.
+    let out = lab.exec(0, BIN, &["up", "--iface", "nosuchif0"]);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && e.contains("interface nosuchif0 not found"),
+        "{e}"
+    );
+    lab.up(0, &[]);
+    let (_, l, _) = lab.mr(0, 4096, "all");
+    let e = lab
+        .rdma(0, &["mr", "read", "0x1234", "--len", "4"])
+        .unwrap_err();
+    assert!(e.contains("unknown memory region key"), "{e}");
+    let e = lab
+        .rdma(
+            0,
+            &[
+                "mr",
+                "read",
+                &l.to_string(),
+                "--offset",
+                "4000",
+                "--len",
+                "200",
+            ],
+        )
+        .unwrap_err();
+    assert!(e.contains("out of range"), "{e}");
+    let e = lab
+        .rdma(
+            0,
+            &["mr", "reg", "--len", "10", "--access", "remote-teleport"],
+        )
+        .unwrap_err();
+    assert!(e.contains("unknown access flag"), "{e}");
+    // Not root: the control socket refuses.
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &lab.ns[0],
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            BIN,
+            "--iface",
+            &lab.dev[0],
+            "mr",
+            "list",
+        ])
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && e.contains("permission denied"),
+        "{e}"
+    );
+    for e in [e.to_string()] {
+        assert_eq!(e.trim().lines().count(), 1, "{e}");
+    }
+    // Malformed control requests are rejected, the daemon stays up.
+    let sock = lab.exec(0, "sh", &["-c", "ls /run/rdma-xdp/ns-*/*.sock"]);
+    let path = String::from_utf8_lossy(&sock.stdout).trim().to_string();
+    assert!(!path.is_empty() && !path.contains('\n'), "socket {path}");
+    {
+        use std::io::{BufRead, Write};
+        let mut s = std::os::unix::net::UnixStream::connect(&path).unwrap();
+        s.write_all(b"{\"cmd\":\"mr-reg\",\"len\":\"x\"}\nnot json at all\n")
+            .unwrap();
+        let mut r = std::io::BufReader::new(s);
+        for _ in 0..2 {
+            let mut line = String::new();
+            r.read_line(&mut line).unwrap();
+            assert!(
+                line.contains("\"ok\":false") && line.contains("malformed request"),
+                "{line}"
+            );
+        }
+    }
+    lab.ok(0, &["mr", "list"]);
+}
