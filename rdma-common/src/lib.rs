@@ -160,6 +160,8 @@ pub struct UdpHdr {
     pub len: [u8; 2],
     pub checksum: [u8; 2],
 }
+// `len` is the UDP length field, not a container length.
+#[allow(clippy::len_without_is_empty)]
 impl UdpHdr {
     pub const LEN: usize = 8;
     be_field!(src_port, set_src_port, src_port, u16);
@@ -416,13 +418,7 @@ pub const fn opcode_flags(opc: u8) -> u32 {
             0x04 | 0x05 => base | DETH,
             _ => 0,
         },
-        4 => {
-            if opc == opcode::CNP {
-                CNP | ONLY | CNP_RESERVED
-            } else {
-                0
-            }
-        }
+        4 if opc == opcode::CNP => CNP | ONLY | CNP_RESERVED,
         _ => 0,
     }
 }

@@ -939,7 +939,7 @@ pub fn hex(b: &[u8]) -> String {
 pub fn unhex(s: &str) -> Result<Vec<u8>> {
     let t: String = s.chars().filter(|c| !c.is_whitespace()).collect();
     let t = t.strip_prefix("0x").unwrap_or(&t);
-    if t.len() % 2 != 0 {
+    if !t.len().is_multiple_of(2) {
         bail!("hex data has an odd number of digits");
     }
     (0..t.len())

@@ -413,12 +413,12 @@ impl MrTable {
     /// Resolves the target of a remote atomic: REMOTE_ATOMIC permission, 8
     /// bytes, 8-byte aligned both in the peer's VA and in our memory.
     pub fn resolve_atomic(&self, rkey: u32, pd: u32, va: u64) -> Result<Resolved, AccessError> {
-        if va % 8 != 0 {
+        if !va.is_multiple_of(8) {
             return Err(AccessError::Unaligned);
         }
         let r = self.resolve(rkey, pd, va, 8, Access::REMOTE_ATOMIC)?;
         let ptr = self.slice(r).as_ptr() as usize;
-        if ptr % 8 != 0 {
+        if !ptr.is_multiple_of(8) {
             return Err(AccessError::Unaligned);
         }
         Ok(r)
@@ -520,6 +520,6 @@ mod tests {
             5
         );
         assert_eq!(t.atomic(r, AtomicOp::FetchAdd(1)), 9);
-        assert_eq!(&t.slice(r)[..], &10u64.to_ne_bytes());
+        assert_eq!(t.slice(r), &10u64.to_ne_bytes());
     }
 }

@@ -614,6 +614,24 @@ impl Syndrome {
     }
 }
 
+impl fmt::Display for Syndrome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Syndrome::Ack { credits } => write!(f, "ACK credits={credits}"),
+            Syndrome::RnrNak { timer } => write!(f, "RNR NAK timer={timer}"),
+            Syndrome::Nak(NakCode::PsnSequenceError) => f.write_str("NAK PSN sequence error"),
+            Syndrome::Nak(NakCode::InvalidRequest) => f.write_str("NAK invalid request"),
+            Syndrome::Nak(NakCode::RemoteAccessError) => f.write_str("NAK remote access error"),
+            Syndrome::Nak(NakCode::RemoteOperationalError) => {
+                f.write_str("NAK remote operational error")
+            }
+            Syndrome::Nak(NakCode::InvalidRdRequest) => f.write_str("NAK invalid RD request"),
+            Syndrome::Nak(NakCode::Reserved(c)) => write!(f, "NAK reserved code {c}"),
+            Syndrome::Reserved(s) => write!(f, "reserved syndrome {s:#x}"),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct AethRepr {
     pub syndrome: u8,
@@ -716,7 +734,7 @@ impl TransportRepr {
         debug_assert_eq!(off, hdr_len);
         let padded = buf.len() - hdr_len - ICRC_LEN;
         let pad = bth.pad_count as usize;
-        if padded % 4 != 0 || pad > padded {
+        if !padded.is_multiple_of(4) || pad > padded {
             return Err(WireError::BadPadCount);
         }
         if flags & op::PAYLOAD == 0 && padded != 0 {

@@ -91,10 +91,13 @@ fn sh(cmd: &mut Command) -> Result<()> {
 
 const BPF_LINKER: &str = "0.10.4";
 
+/// How to install one missing prerequisite.
+type Installer = Box<dyn Fn() -> Result<()>>;
+
 /// Each missing prerequisite is one line: what is missing and how to get it.
 /// With `install`, missing pieces are installed instead.
 fn prereqs(install: bool, for_tests: bool) -> Result<()> {
-    let mut missing: Vec<(String, Box<dyn Fn() -> Result<()>>)> = Vec::new();
+    let mut missing: Vec<(String, Installer)> = Vec::new();
     let is_root = have("id", &["-u"])
         .map(|s| s.trim() == "0")
         .unwrap_or(false);

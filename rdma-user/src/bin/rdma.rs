@@ -607,7 +607,7 @@ fn hexdump(base: u64, b: &[u8]) {
     }
 }
 
-fn decode(file: &PathBuf) -> Result<()> {
+fn decode(file: &std::path::Path) -> Result<()> {
     let frames = rdma_user::capture::read_pcap(file)?;
     let t0 = frames.first().map(|f| f.ts).unwrap_or(0.0);
     for f in &frames {
@@ -629,11 +629,12 @@ fn decode(file: &PathBuf) -> Result<()> {
         };
         let t = r.transport;
         let mut line = format!(
-            "{:10.6} {} > {} {} DQP=0x{:06x} PSN=0x{:06x} A={}",
+            "{:10.6} {} > {} {}(0x{:02x}) DQP=0x{:06x} PSN=0x{:06x} A={}",
             f.ts - t0,
             src,
             dst,
             opcode_name(t.bth.opcode),
+            t.bth.opcode,
             t.bth.dest_qpn,
             t.bth.psn,
             t.bth.ack_req as u8
@@ -655,7 +656,7 @@ fn decode(file: &PathBuf) -> Result<()> {
         }
         if let Some(x) = t.aeth {
             line += &format!(
-                " AETH[syndrome=0x{:02x} {:?} MSN={}]",
+                " AETH[syndrome=0x{:02x} {} MSN={}]",
                 x.syndrome,
                 Syndrome::decode(x.syndrome),
                 x.msn

@@ -231,12 +231,15 @@ pub fn connect(a: &mut Node, b: &mut Node, mtu: u32, psn_a: u32, psn_b: u32, rnr
     }
 }
 
+/// (delivery time, sequence number, destination node, frame)
+type InFlight = (u64, u64, usize, Vec<u8>);
+
 /// Frames in flight, ordered by delivery time, then by a sequence number so
 /// that ties resolve the same way every run.
 pub struct Wire {
     pub rng: Rng,
     pub faults: Faults,
-    heap: BinaryHeap<Reverse<(u64, u64, usize, Vec<u8>)>>,
+    heap: BinaryHeap<Reverse<InFlight>>,
     seq: u64,
     /// Latest in-order delivery time per destination: a link is FIFO, so
     /// jitter delays but never reorders; only the reorder fault does.
