@@ -86,7 +86,7 @@ pub fn socket_path(iface: &str) -> PathBuf {
 }
 
 /// Takes the per-interface lock; refuses while another daemon holds it.
-fn take_lock(iface: &str) -> Result<File> {
+pub fn take_lock(iface: &str) -> Result<File> {
     let dir = hostnet::run_dir();
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
@@ -115,7 +115,7 @@ fn take_lock(iface: &str) -> Result<File> {
 /// After a daemon died by SIGKILL: a program attached through the netlink
 /// fallback stays on the interface, and its socket file stays on disk. We
 /// hold the lock, so nothing alive owns them.
-fn clean_stale(iface: &str) {
+pub fn clean_stale(iface: &str) {
     let _ = std::fs::remove_file(socket_path(iface));
     let out = std::process::Command::new("ip")
         .args(["-d", "link", "show", "dev", iface])
@@ -133,7 +133,7 @@ fn clean_stale(iface: &str) {
     }
 }
 
-fn pin_to_cpu(cpu: usize) {
+pub fn pin_to_cpu(cpu: usize) {
     // SAFETY: cpu_set_t manipulation on a local value.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();

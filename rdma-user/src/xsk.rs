@@ -22,8 +22,10 @@ const XDP_USE_NEED_WAKEUP: u16 = 1 << 3;
 const XDP_USE_SG: u16 = 1 << 4;
 /// Descriptor option: more fragments of this packet follow.
 pub const XDP_PKT_CONTD: u32 = 1;
-/// Most chunks one frame may span (64 KiB of 4 KiB chunks, 2 KiB: 32).
+/// Most chunks one frame may span.
 const MAX_FRAGS: usize = 32;
+/// Descriptors waiting for TX ring room before send_with pushes back.
+const TX_BACKLOG_LIMIT: usize = 64;
 
 /// How a socket ended up bound.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,6 +145,7 @@ pub struct Xsk {
     pub multi_buffer: bool,
     scratch: Vec<u8>,
     tx_pending_kick: bool,
+    tx_backlog: std::collections::VecDeque<XdpDesc>,
     pub rx_frames: u64,
     pub tx_frames: u64,
     pub rx_dropped_oversize: u64,
@@ -238,6 +241,7 @@ impl Xsk {
                 }
             ],
             tx_pending_kick: false,
+            tx_backlog: std::collections::VecDeque::with_capacity(TX_BACKLOG_LIMIT + MAX_FRAGS),
             rx_frames: 0,
             tx_frames: 0,
             rx_dropped_oversize: 0,
@@ -279,8 +283,9 @@ impl Xsk {
             return;
         }
         let mut w = self.fq_cq.fill(want);
-        let start = self.free.len() - want as usize;
-        let n = w.insert(self.free[start..].iter().copied());
+        // The ring may take fewer than offered: offer from the tail and
+        // remove exactly the n that went in (the last n of the list).
+        let n = w.insert(self.free.iter().rev().take(want as usize).copied());
         w.commit();
         drop(w);
         self.free.truncate(self.free.len() - n as usize);
@@ -368,34 +373,30 @@ impl Xsk {
     /// Sends one frame built by `build` (which gets a buffer of
     /// `max_frame()` bytes and returns the frame length, 0 for nothing).
     /// Frames larger than one chunk go out as multi-buffer descriptors.
-    /// Ring slots and chunks for the largest frame are secured *before*
-    /// `build` runs, so a frame the caller produced is never dropped here.
-    /// Returns false when nothing was sent.
+    /// Chunks for the largest frame are secured *before* `build` runs, and
+    /// descriptors that do not fit the TX ring wait in a local backlog, so a
+    /// frame the caller produced is never dropped here. Returns false when
+    /// nothing was sent (no chunks, or the backlog is long: backpressure).
     pub fn send_with(&mut self, build: impl FnOnce(&mut [u8]) -> usize) -> bool {
         let fs = self.frame_size as usize;
-        let max_chunks = self.max_frame().div_ceil(fs).min(MAX_FRAGS);
+        let max = self.max_frame();
+        let max_chunks = max.div_ceil(fs).min(MAX_FRAGS);
+        self.flush_backlog();
+        if self.tx_backlog.len() >= TX_BACKLOG_LIMIT {
+            return false;
+        }
         if self.tx_room() < max_chunks {
             self.reap();
             if self.tx_room() < max_chunks {
                 return false;
             }
         }
-        let max = self.max_frame();
-        let mut w = self.tx.transmit(max_chunks as u32);
-        if (w.capacity() as usize) < max_chunks {
-            return false;
-        }
         let len = build(&mut self.scratch[..max]);
         if len == 0 || len > max {
             return false;
         }
         let nchunks = len.div_ceil(fs);
-        let mut descs = [XdpDesc {
-            addr: 0,
-            len: 0,
-            options: 0,
-        }; MAX_FRAGS];
-        for (i, d) in descs.iter_mut().enumerate().take(nchunks) {
+        for i in 0..nchunks {
             let addr = self.free.pop().expect("room checked");
             let piece = (len - i * fs).min(fs);
             let off = addr as usize;
@@ -403,18 +404,36 @@ impl Xsk {
             // SAFETY: a free chunk is ours alone, and inside the mapping.
             let dst = unsafe { std::slice::from_raw_parts_mut(self.mem.as_ptr().add(off), piece) };
             dst.copy_from_slice(&self.scratch[i * fs..i * fs + piece]);
-            *d = XdpDesc {
+            self.tx_backlog.push_back(XdpDesc {
                 addr,
                 len: piece as u32,
                 options: if i + 1 < nchunks { XDP_PKT_CONTD } else { 0 },
-            };
+            });
         }
-        let n = w.insert(descs[..nchunks].iter().copied());
-        debug_assert_eq!(n as usize, nchunks, "capacity checked");
-        w.commit();
+        self.flush_backlog();
         self.tx_frames += 1;
         self.tx_pending_kick = true;
         true
+    }
+
+    /// Moves backlogged descriptors into the TX ring, as many as fit. A
+    /// multi-buffer packet may be split across calls: the kernel keeps a
+    /// partial packet until its last fragment arrives. Inserting what fits
+    /// (rather than waiting for room for a whole packet) also lets xdpilone
+    /// refresh its cached view of the ring, which it does only when the
+    /// cached free count reaches zero.
+    fn flush_backlog(&mut self) {
+        if self.tx_backlog.is_empty() {
+            return;
+        }
+        let mut w = self.tx.transmit(self.tx_backlog.len() as u32);
+        let n = w.insert(self.tx_backlog.iter().copied());
+        w.commit();
+        drop(w);
+        self.tx_backlog.drain(..n as usize);
+        if n > 0 {
+            self.tx_pending_kick = true;
+        }
     }
 
     /// Sends `frame` (copied into UMEM).
@@ -431,13 +450,30 @@ impl Xsk {
     /// Tells the kernel about queued TX descriptors (needed in copy mode and
     /// whenever the kernel asks for a wakeup).
     pub fn kick(&mut self) {
-        if self.tx_pending_kick {
-            self.tx_pending_kick = false;
-            if self.tx.needs_wakeup() || self.mode == BindMode::Copy {
-                self.tx.wake();
-            }
+        self.flush_backlog();
+        // Copy mode transmits at most 32 descriptors per wakeup (the
+        // kernel's xsk_generic_xmit batch): keep waking while the kernel has
+        // not consumed everything, not only when new frames were queued.
+        let pending = self.tx_pending_kick || self.tx.pending() > 0;
+        self.tx_pending_kick = false;
+        if pending && (self.tx.needs_wakeup() || self.mode == BindMode::Copy) {
+            self.tx.wake();
         }
         self.reap();
+    }
+
+    /// One line of ring and pool state, for diagnostics.
+    pub fn debug_state(&self) -> String {
+        format!(
+            "free={} tx_backlog={} tx_pending={} fill_pending={} rx_avail={} rx={} tx={}",
+            self.free.len(),
+            self.tx_backlog.len(),
+            self.tx.pending(),
+            self.fq_cq.pending(),
+            self.rx.available(),
+            self.rx_frames,
+            self.tx_frames
+        )
     }
 
     /// Bytes of UMEM chunk `addr` (for tests).

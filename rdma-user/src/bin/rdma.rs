@@ -53,6 +53,29 @@ enum Cmd {
         #[command(subcommand)]
         cmd: CqCmd,
     },
+    /// ibv_rc_pingpong on this stack (same TCP exchange and flags): server
+    /// without SERVER, client with it.
+    Pingpong {
+        server: Option<std::net::IpAddr>,
+        #[arg(long = "dev", short = 'd')]
+        dev: String,
+        #[arg(short = 'p', long, default_value_t = 18515)]
+        port: u16,
+        #[arg(short = 's', long, default_value_t = 4096)]
+        size: usize,
+        #[arg(short = 'n', long, default_value_t = 1000)]
+        iters: u64,
+        #[arg(short = 'm', long, default_value_t = 1024)]
+        mtu: u32,
+        #[arg(short = 'r', long, default_value_t = 500)]
+        rx_depth: u32,
+        /// Validate received buffers (rc_pingpong -c).
+        #[arg(short = 'c', long)]
+        chk: bool,
+        /// Use this local address as our GID (IPv4 or IPv6).
+        #[arg(long)]
+        local_ip: Option<std::net::IpAddr>,
+    },
     /// Send raw frames from this namespace (test tool).
     #[command(hide = true)]
     Inject {
@@ -241,6 +264,11 @@ fn num(s: &str) -> Result<u64> {
 }
 
 fn main() {
+    // Exit quietly when stdout is a closed pipe (`rdma decode x | head`).
+    // SAFETY: resetting a signal disposition at startup.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let cli = Cli::parse();
     if let Err(e) = run(cli) {
@@ -276,6 +304,27 @@ fn run(cli: Cli) -> Result<()> {
             })
         }
         Cmd::Decode { file } => decode(&file),
+        Cmd::Pingpong {
+            server,
+            dev,
+            port,
+            size,
+            iters,
+            mtu,
+            rx_depth,
+            chk,
+            local_ip,
+        } => rdma_user::pingpong::run(rdma_user::pingpong::Options {
+            iface: dev,
+            server,
+            port,
+            size,
+            iters,
+            mtu,
+            rx_depth,
+            validate: chk,
+            local_ip,
+        }),
         Cmd::Inject { dev, frames } => inject(&dev, &frames),
         Cmd::XskRecv {
             dev,

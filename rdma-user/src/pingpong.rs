@@ -1,0 +1,299 @@
+//! `ibv_rc_pingpong`, both roles, on our stack: the same out-of-band TCP
+//! exchange (rdma-core 44: `"%04x:%06x:%06x:%s"` + NUL, 52 bytes, then
+//! `"done"`), the same ping-pong of SENDs and receive refills, the same
+//! optional data check and the same result lines.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+
+use crate::datapath::{gid_of, Path};
+use crate::engine::{QpCap, RecvWr, SendWr, Sge, WcStatus, WrOpcode};
+use crate::hostnet;
+use crate::mr::Access;
+use crate::standalone::{Device, NO_WC};
+
+pub struct Options {
+    pub iface: String,
+    /// Client mode: the server's address.
+    pub server: Option<IpAddr>,
+    pub port: u16,
+    pub size: usize,
+    pub iters: u64,
+    pub mtu: u32,
+    pub rx_depth: u32,
+    pub validate: bool,
+    /// Our GID's address (default: the interface's address facing the peer).
+    pub local_ip: Option<IpAddr>,
+}
+
+const RECV_WRID: u64 = 1;
+const SEND_WRID: u64 = 2;
+const MSG_LEN: usize = 52;
+
+fn wire_gid(g: &[u8; 16]) -> String {
+    g.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn parse_dest(msg: &[u8]) -> Result<(u32, u32, [u8; 16])> {
+    let s = std::str::from_utf8(msg.split(|&b| b == 0).next().unwrap_or(&[]))
+        .map_err(|_| anyhow!("peer's QP message is not text"))?;
+    let f: Vec<&str> = s.split(':').collect();
+    if f.len() != 4 || f[3].len() != 32 {
+        bail!("peer's QP message '{s}' is not lid:qpn:psn:gid");
+    }
+    let qpn = u32::from_str_radix(f[1], 16)?;
+    let psn = u32::from_str_radix(f[2], 16)?;
+    let mut gid = [0u8; 16];
+    for (i, g) in gid.iter_mut().enumerate() {
+        *g = u8::from_str_radix(&f[3][2 * i..2 * i + 2], 16)?;
+    }
+    Ok((qpn, psn, gid))
+}
+
+fn gid_ip(g: &[u8; 16]) -> IpAddr {
+    if g[..10] == [0; 10] && g[10] == 0xff && g[11] == 0xff {
+        IpAddr::from([g[12], g[13], g[14], g[15]])
+    } else {
+        IpAddr::from(*g)
+    }
+}
+
+fn diag(dev: &Device, qpn: u32) -> String {
+    format!(
+        "{}; {:?}; {}; {:?}",
+        dev.dp.xsks[0].debug_state(),
+        dev.dp.core.stats,
+        dev.dp
+            .core
+            .qp(qpn)
+            .map(|q| q.debug_state())
+            .unwrap_or_default(),
+        dev.dp.core.qp(qpn).map(|q| q.stats())
+    )
+}
+
+pub fn run(o: Options) -> Result<()> {
+    let mut dev = Device::open(&o.iface, crate::xdp::XdpMode::Auto, true)?;
+    let pd = dev.dp.core.alloc_pd();
+    let (addr, lkey, _) = dev.dp.core.reg_mr(pd, o.size.max(1), Access::LOCAL_WRITE)?;
+    {
+        let mr = dev.dp.core.mem.by_lkey_mut(lkey).expect("just registered");
+        mr.bytes_mut().fill(0x7b);
+    }
+    let cq = dev.dp.core.create_cq(o.rx_depth as usize + 1)?;
+    let qpn = dev.dp.core.create_qp(
+        pd,
+        cq,
+        QpCap {
+            max_send_wr: 1,
+            max_recv_wr: o.rx_depth,
+        },
+    )?;
+    // RECVs may be posted from INIT on; rc_pingpong posts them before
+    // connecting.
+    dev.dp.core.modify_qp(
+        qpn,
+        &crate::engine::QpAttr {
+            qp_state: Some(crate::engine::QpState::Init),
+            pkey_index: Some(0),
+            port_num: Some(1),
+            qp_access_flags: Some(Access(0)),
+            ..Default::default()
+        },
+    )?;
+    let sg = [Sge {
+        addr,
+        length: o.size as u32,
+        lkey,
+    }];
+    let mut routs = 0u32;
+    for _ in 0..o.rx_depth {
+        dev.dp.core.post_recv(
+            qpn,
+            &RecvWr {
+                wr_id: RECV_WRID,
+                sg_list: &sg,
+            },
+        )?;
+        routs += 1;
+    }
+    let my_psn = dev.dp.core.random_psn();
+
+    // Out-of-band exchange.
+    let (mut tcp, peer_addr) = match o.server {
+        Some(ip) => {
+            let s =
+                TcpStream::connect_timeout(&SocketAddr::new(ip, o.port), Duration::from_secs(5))
+                    .with_context(|| format!("couldn't connect to {ip}:{}", o.port))?;
+            (s, ip)
+        }
+        None => {
+            let l = TcpListener::bind(("::", o.port))
+                .with_context(|| format!("listen on port {}", o.port))?;
+            let (s, a) = l.accept()?;
+            (s, a.ip())
+        }
+    };
+    let local_ip = match o.local_ip {
+        Some(ip) => ip,
+        None => hostnet::local_addr_for(&o.iface, peer_addr)?,
+    };
+    let my_msg = format!(
+        "{:04x}:{:06x}:{:06x}:{}",
+        0,
+        qpn,
+        my_psn,
+        wire_gid(&gid_of(local_ip))
+    );
+    let mut out = [0u8; MSG_LEN];
+    out[..my_msg.len()].copy_from_slice(my_msg.as_bytes());
+    let mut peer = [0u8; MSG_LEN];
+    if o.server.is_some() {
+        tcp.write_all(&out)?;
+        tcp.read_exact(&mut peer)
+            .context("read the server's QP details")?;
+    } else {
+        tcp.read_exact(&mut peer)
+            .context("read the client's QP details")?;
+    }
+    let (rqpn, rpsn, rgid) = parse_dest(&peer)?;
+    let peer_ip = gid_ip(&rgid);
+    let peer_mac = hostnet::resolve_mac(&o.iface, peer_ip, Duration::from_secs(3))?;
+    let path = Path {
+        local_mac: dev.mac,
+        peer_mac,
+        local_ip,
+        peer_ip,
+        vlan: None,
+    };
+    dev.dp
+        .core
+        .connect_qp(qpn, path, rqpn, rpsn, my_psn, o.mtu, 1)?;
+    if o.server.is_some() {
+        // The client writes "done" after the server's reply.
+        tcp.write_all(b"done\0")?;
+    } else {
+        tcp.write_all(&out)?;
+        let mut done = [0u8; MSG_LEN];
+        let n = tcp.read(&mut done)?;
+        if n != 5 {
+            bail!("client did not confirm the connection (read {n} bytes, want \"done\")");
+        }
+    }
+    println!(
+        "  local address:  LID 0x0000, QPN 0x{qpn:06x}, PSN 0x{my_psn:06x}, GID {}",
+        local_ip
+    );
+    println!(
+        "  remote address: LID 0x0000, QPN 0x{rqpn:06x}, PSN 0x{rpsn:06x}, GID {}",
+        peer_ip
+    );
+
+    let start = Instant::now();
+    let mut pending = RECV_WRID;
+    let post_send = |dev: &mut Device| -> Result<()> {
+        let mut wr = SendWr::new(SEND_WRID, WrOpcode::Send, &sg);
+        wr.flags.signaled = true;
+        dev.dp.core.post_send(qpn, &wr)
+    };
+    if o.server.is_some() {
+        if o.validate {
+            let mr = dev.dp.core.mem.by_lkey_mut(lkey).expect("mr");
+            for i in (0..o.size).step_by(4096) {
+                mr.bytes_mut()[i] = 0;
+            }
+        }
+        post_send(&mut dev)?;
+        pending |= SEND_WRID;
+    }
+    let (mut rcnt, mut scnt) = (0u64, 0u64);
+    let mut last_progress = Instant::now();
+    while rcnt < o.iters || scnt < o.iters {
+        dev.dp.poll();
+        let mut wcs = [NO_WC; 16];
+        let n = dev
+            .dp
+            .core
+            .cq_mut(cq)
+            .map(|c| c.poll(&mut wcs))
+            .unwrap_or(0);
+        if n == 0 {
+            if last_progress.elapsed() > Duration::from_secs(10) {
+                bail!(
+                    "no completion for 10 s (sent {scnt}, received {rcnt} of {}); {}",
+                    o.iters,
+                    diag(&dev, qpn)
+                );
+            }
+            continue;
+        }
+        last_progress = Instant::now();
+        for wc in &wcs[..n] {
+            if wc.status != WcStatus::Success {
+                bail!(
+                    "Failed status {} for wr_id {} (after {scnt} sends, {rcnt} receives; {})",
+                    crate::proto::status_name(wc.status),
+                    wc.wr_id,
+                    diag(&dev, qpn)
+                );
+            }
+            match wc.wr_id {
+                SEND_WRID => scnt += 1,
+                RECV_WRID => {
+                    routs -= 1;
+                    if routs <= 1 {
+                        while routs < o.rx_depth {
+                            dev.dp.core.post_recv(
+                                qpn,
+                                &RecvWr {
+                                    wr_id: RECV_WRID,
+                                    sg_list: &sg,
+                                },
+                            )?;
+                            routs += 1;
+                        }
+                    }
+                    rcnt += 1;
+                }
+                other => bail!("completion for unknown wr_id {other}"),
+            }
+            pending &= !wc.wr_id;
+            if scnt < o.iters && pending == 0 {
+                post_send(&mut dev)?;
+                pending = RECV_WRID | SEND_WRID;
+            }
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let bytes = o.size as u64 * o.iters * 2;
+    println!(
+        "{} bytes in {:.2} seconds = {:.2} Mbit/sec",
+        bytes,
+        secs,
+        bytes as f64 * 8.0 / secs / 1e6
+    );
+    println!(
+        "{} iters in {:.2} seconds = {:.2} usec/iter",
+        o.iters,
+        secs,
+        secs * 1e6 / o.iters as f64
+    );
+    if o.server.is_none() && o.validate {
+        let mr = dev.dp.core.mem.by_lkey(lkey).expect("mr");
+        for i in (0..o.size).step_by(4096) {
+            if mr.bytes()[i] != 0 {
+                bail!("invalid data in page {}", i / 4096);
+            }
+        }
+        println!("data check passed");
+    }
+    // Let the last ACKs leave before the socket closes.
+    let end = Instant::now() + Duration::from_millis(50);
+    while Instant::now() < end {
+        dev.dp.poll();
+    }
+    Ok(())
+}

@@ -1,0 +1,88 @@
+//! An in-process device: XDP program, AF_XDP sockets and data path owned and
+//! polled by the calling thread, without a daemon. Test tools, interop
+//! peers and benchmarks run on it (no control-plane hop in the timed path).
+
+use std::fs::File;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use crate::datapath::{DataPath, Limits};
+use crate::engine::{Wc, WcOpcode, WcStatus};
+use crate::xdp::{XdpMode, XdpProgram};
+use crate::xsk::{rx_queues, Xsk, XskConfig};
+
+pub struct Device {
+    pub dp: DataPath,
+    pub xdp: XdpProgram,
+    pub iface: String,
+    pub mac: [u8; 6],
+    _lock: File,
+}
+
+pub const NO_WC: Wc = Wc {
+    wr_id: 0,
+    status: WcStatus::Success,
+    opcode: WcOpcode::Send,
+    byte_len: 0,
+    imm: None,
+    qp_num: 0,
+};
+
+impl Device {
+    pub fn open(iface: &str, mode: XdpMode, multi_buffer: bool) -> Result<Device> {
+        let lock = crate::daemon::take_lock(iface)?;
+        crate::daemon::clean_stale(iface);
+        let mut xdp = XdpProgram::attach(iface, mode)?;
+        let mut xsks = Vec::new();
+        for q in 0..rx_queues(iface)? {
+            let x = Xsk::open(
+                iface,
+                q,
+                XskConfig {
+                    multi_buffer,
+                    ..Default::default()
+                },
+            )
+            .with_context(|| format!("AF_XDP socket on {iface} queue {q}"))?;
+            xdp.set_socket(q, x.fd())?;
+            xsks.push(x);
+        }
+        Ok(Device {
+            dp: DataPath::new(xsks, Limits::default()),
+            xdp,
+            iface: iface.to_string(),
+            mac: crate::hostnet::iface_mac(iface)?,
+            _lock: lock,
+        })
+    }
+
+    /// Polls until `f` returns Some, or fails after `timeout`.
+    pub fn run_until<T>(
+        &mut self,
+        timeout: Duration,
+        what: &str,
+        mut f: impl FnMut(&mut DataPath) -> Option<T>,
+    ) -> Result<T> {
+        let start = Instant::now();
+        loop {
+            self.dp.poll();
+            if let Some(t) = f(&mut self.dp) {
+                return Ok(t);
+            }
+            if start.elapsed() > timeout {
+                bail!("timed out after {:?} waiting for {what}", timeout);
+            }
+        }
+    }
+
+    /// Waits for one completion on `cq`; errors carry the WC status.
+    pub fn wait_wc(&mut self, cq: u32, timeout: Duration) -> Result<Wc> {
+        let wc = self.run_until(timeout, "a completion", |dp| {
+            let mut b = [NO_WC; 1];
+            let c = dp.core.cq_mut(cq)?;
+            (c.poll(&mut b) == 1).then_some(b[0])
+        })?;
+        Ok(wc)
+    }
+}
