@@ -595,9 +595,17 @@ fn run(seed: u64, profile: Profile) -> Result<Report, String> {
                 )?;
             }
         }
-        let all_done = sides
-            .iter()
-            .all(|s| s.pending.iter().all(|p| !p.signaled) && s.peer_expects.is_empty());
+        let all_done = if sides.iter().any(|s| s.failed) {
+            // After a fatal error: every WR on both sides accounted for
+            // (completed or flushed); a peer with nothing outstanding may
+            // stay in RTS.
+            sides.iter().all(|s| s.pending.iter().all(|p| !p.signaled))
+                && nodes.iter().all(|n| n.qp.send_queue_len() == 0)
+        } else {
+            sides
+                .iter()
+                .all(|s| s.pending.iter().all(|p| !p.signaled) && s.peer_expects.is_empty())
+        };
         if all_done {
             break;
         }

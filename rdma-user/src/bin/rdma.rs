@@ -76,6 +76,9 @@ enum Cmd {
         #[arg(long)]
         local_ip: Option<std::net::IpAddr>,
     },
+    /// perftest-style benchmark (server without SERVER, client with it);
+    /// either side may be perftest itself (ib_write_lat, ...).
+    Bench(BenchArgs),
     /// Send raw frames from this namespace (test tool).
     #[command(hide = true)]
     Inject {
@@ -137,6 +140,45 @@ struct UpArgs {
     /// in XDP.
     #[arg(long)]
     firewall: bool,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    #[arg(value_enum)]
+    test: rdma_user::bench::Test,
+    /// Server address (client mode); none = server mode.
+    server: Option<std::net::IpAddr>,
+    #[arg(long = "dev", short = 'd')]
+    dev: String,
+    /// Message size in bytes.
+    #[arg(short = 's', long, default_value_t = 2)]
+    size: usize,
+    /// All sizes from 2 to 2^23.
+    #[arg(short = 'a', long)]
+    all: bool,
+    #[arg(short = 'n', long, default_value_t = 1000)]
+    iters: u64,
+    /// Run for this many seconds (bandwidth tests).
+    #[arg(short = 'D', long)]
+    duration: Option<f64>,
+    /// Queue pairs (only 1 is implemented).
+    #[arg(short = 'q', long, default_value_t = 1)]
+    qps: u32,
+    #[arg(short = 't', long, default_value_t = 128)]
+    tx_depth: u32,
+    #[arg(short = 'm', long, default_value_t = 1024)]
+    mtu: u32,
+    #[arg(short = 'p', long, default_value_t = 18515)]
+    port: u16,
+    /// Write the results as JSON records to this file.
+    #[arg(long)]
+    json_file: Option<PathBuf>,
+    /// Pin to this CPU.
+    #[arg(long)]
+    cpu: Option<usize>,
+    /// Seconds to wait for the peer.
+    #[arg(long, default_value_t = 10)]
+    peer_timeout: u64,
 }
 
 #[derive(Subcommand)]
@@ -304,6 +346,35 @@ fn run(cli: Cli) -> Result<()> {
             })
         }
         Cmd::Decode { file } => decode(&file),
+        Cmd::Bench(b) => {
+            if b.qps != 1 {
+                bail!("-q {}: only one QP per test is implemented", b.qps);
+            }
+            let sizes = if b.all {
+                (1..=23).map(|e| 1usize << e).collect()
+            } else {
+                vec![b.size]
+            };
+            let recs = rdma_user::bench::run(rdma_user::bench::Options {
+                test: b.test,
+                iface: b.dev,
+                server: b.server,
+                port: b.port,
+                sizes,
+                iters: b.iters,
+                duration: b.duration,
+                tx_depth: b.tx_depth,
+                mtu: b.mtu,
+                cpu: b.cpu,
+                connect_timeout: b.peer_timeout,
+                quiet: false,
+            })?;
+            if let Some(f) = b.json_file {
+                std::fs::write(&f, serde_json::to_string_pretty(&recs)?)
+                    .with_context(|| format!("write {}", f.display()))?;
+            }
+            Ok(())
+        }
         Cmd::Pingpong {
             server,
             dev,

@@ -1,0 +1,758 @@
+//! perftest-compatible benchmarks on an in-process device: `write-lat`,
+//! `read-lat`, `send-lat`, `atomic-lat`, `write-bw`, `read-bw`, `send-bw`,
+//! with perftest's flags, its TCP exchange (perftest 4.5-0.17 = "6.06", see
+//! shared/rxe-peer/OOB-FORMAT.md) and its output columns, so that either
+//! side can be perftest itself.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde::Serialize;
+
+use crate::datapath::{gid_of, Path};
+use crate::engine::{QpCap, RecvWr, SendWr, Sge, WcOpcode, WcStatus, WrOpcode};
+use crate::hostnet;
+use crate::mr::Access;
+use crate::standalone::{Device, NO_WC};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Test {
+    WriteLat,
+    ReadLat,
+    SendLat,
+    AtomicLat,
+    WriteBw,
+    ReadBw,
+    SendBw,
+}
+
+impl Test {
+    pub fn is_lat(self) -> bool {
+        matches!(
+            self,
+            Test::WriteLat | Test::ReadLat | Test::SendLat | Test::AtomicLat
+        )
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Test::WriteLat => "write_lat",
+            Test::ReadLat => "read_lat",
+            Test::SendLat => "send_lat",
+            Test::AtomicLat => "atomic_lat",
+            Test::WriteBw => "write_bw",
+            Test::ReadBw => "read_bw",
+            Test::SendBw => "send_bw",
+        }
+    }
+    fn uses_reads(self) -> bool {
+        matches!(self, Test::ReadLat | Test::AtomicLat | Test::ReadBw)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub test: Test,
+    pub iface: String,
+    pub server: Option<IpAddr>,
+    pub port: u16,
+    pub sizes: Vec<usize>,
+    pub iters: u64,
+    pub duration: Option<f64>,
+    pub tx_depth: u32,
+    pub mtu: u32,
+    pub cpu: Option<usize>,
+    /// Seconds to wait for the peer (TCP) before giving up.
+    pub connect_timeout: u64,
+    pub quiet: bool,
+}
+
+/// One line of results, in perftest's columns (units in the key).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Record {
+    pub test: String,
+    pub bytes: usize,
+    pub iters: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub t_min_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub t_max_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub t_typical_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub t_avg_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub t_stdev_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p99_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p999_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bw_peak_gbps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bw_avg_gbps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub msg_rate_mpps: Option<f64>,
+}
+
+const VERSION: &[u8; 4] = b"6.06";
+const KEY_LEN: usize = 108;
+
+fn mtu_enum(m: u32) -> u8 {
+    match m {
+        256 => 1,
+        512 => 2,
+        1024 => 3,
+        2048 => 4,
+        _ => 5,
+    }
+}
+fn enum_mtu(e: u8) -> u32 {
+    match e {
+        1 => 256,
+        2 => 512,
+        3 => 1024,
+        4 => 2048,
+        _ => 4096,
+    }
+}
+
+/// The peer's values from a key message.
+#[derive(Debug, Clone, Copy)]
+struct Keys {
+    out_reads: u32,
+    qpn: u32,
+    psn: u32,
+    rkey: u32,
+    vaddr: u64,
+    gid: [u8; 16],
+}
+
+fn fmt_keys(k: &Keys) -> [u8; KEY_LEN] {
+    let mut s = format!(
+        "{:04x}:{:04x}:{:06x}:{:06x}:{:08x}:{:016x}:",
+        0, k.out_reads, k.qpn, k.psn, k.rkey, k.vaddr
+    );
+    for b in k.gid {
+        s += &format!("{b:02x}:");
+    }
+    s += &format!("{:08x}:", 0);
+    let mut out = [0u8; KEY_LEN];
+    out[..s.len()].copy_from_slice(s.as_bytes());
+    out
+}
+
+fn parse_keys(b: &[u8]) -> Result<Keys> {
+    let s = std::str::from_utf8(b.split(|&c| c == 0).next().unwrap_or(&[]))
+        .map_err(|_| anyhow!("peer's key message is not text"))?;
+    let f: Vec<&str> = s.split(':').collect();
+    if f.len() < 23 {
+        bail!(
+            "peer's key message '{s}' has {} fields, want 23 (is it perftest with a GID, -x?)",
+            f.len()
+        );
+    }
+    let h = |i: usize| u64::from_str_radix(f[i], 16).map_err(|_| anyhow!("bad field {i} in '{s}'"));
+    let mut gid = [0u8; 16];
+    for (i, g) in gid.iter_mut().enumerate() {
+        *g = h(6 + i)? as u8;
+    }
+    Ok(Keys {
+        out_reads: h(1)? as u32,
+        qpn: h(2)? as u32,
+        psn: h(3)? as u32,
+        rkey: h(4)? as u32,
+        vaddr: h(5)?,
+        gid,
+    })
+}
+
+fn gid_ip(g: &[u8; 16]) -> IpAddr {
+    if g[..10] == [0; 10] && g[10] == 0xff && g[11] == 0xff {
+        IpAddr::from([g[12], g[13], g[14], g[15]])
+    } else {
+        IpAddr::from(*g)
+    }
+}
+
+/// The TCP side channel. Reads keep the data path polled, so a peer waiting
+/// on us for packets is answered while we wait on it for bytes.
+struct Oob {
+    s: TcpStream,
+    client: bool,
+}
+
+impl Oob {
+    fn read_polling(&mut self, dev: &mut Device, buf: &mut [u8], timeout: Duration) -> Result<()> {
+        self.s.set_nonblocking(true)?;
+        let start = Instant::now();
+        let mut got = 0;
+        while got < buf.len() {
+            match self.s.read(&mut buf[got..]) {
+                Ok(0) => bail!("the peer closed the connection"),
+                Ok(n) => got += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    dev.dp.poll();
+                    if start.elapsed() > timeout {
+                        bail!("the peer sent nothing for {timeout:?}");
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.s.set_nonblocking(false)?;
+        Ok(())
+    }
+
+    /// One symmetric exchange: the client writes first, the server reads first.
+    fn xchg(&mut self, dev: &mut Device, ours: &[u8], timeout: Duration) -> Result<Vec<u8>> {
+        let mut theirs = vec![0u8; ours.len()];
+        if self.client {
+            self.s.write_all(ours)?;
+            self.read_polling(dev, &mut theirs, timeout)?;
+        } else {
+            self.read_polling(dev, &mut theirs, timeout)?;
+            self.s.write_all(ours)?;
+        }
+        Ok(theirs)
+    }
+}
+
+pub fn run(o: Options) -> Result<Vec<Record>> {
+    if o.test.is_lat() && o.duration.is_some() {
+        bail!("-D applies to bandwidth tests; use -n ITERS for latency tests");
+    }
+    if let Some(c) = o.cpu {
+        crate::daemon::pin_to_cpu(c);
+    }
+    let max_size = *o
+        .sizes
+        .iter()
+        .max()
+        .ok_or_else(|| anyhow!("no message size"))?;
+    let mut dev = Device::open(&o.iface, crate::xdp::XdpMode::Auto, true)?;
+    let timeout = Duration::from_secs(o.connect_timeout);
+    // perftest's buffer: two halves, ours to send from, the peer's target.
+    let half = max_size.max(64).div_ceil(4096) * 4096;
+    let pd = dev.dp.core.alloc_pd();
+    let (addr, lkey, rkey) = dev.dp.core.reg_mr(pd, half * 2, Access::ALL)?;
+    let rx_depth = if o.test == Test::SendBw {
+        512
+    } else {
+        o.tx_depth.max(16)
+    };
+    let cq = dev.dp.core.create_cq(4096)?;
+    let qpn = dev.dp.core.create_qp(
+        pd,
+        cq,
+        QpCap {
+            max_send_wr: o.tx_depth.max(1),
+            max_recv_wr: rx_depth,
+        },
+    )?;
+    dev.dp.core.modify_qp(
+        qpn,
+        &crate::engine::QpAttr {
+            qp_state: Some(crate::engine::QpState::Init),
+            pkey_index: Some(0),
+            port_num: Some(1),
+            qp_access_flags: Some(Access::ALL),
+            ..Default::default()
+        },
+    )?;
+    let psn = dev.dp.core.random_psn();
+
+    let s = match o.server {
+        Some(ip) => {
+            let sa = SocketAddr::new(ip, o.port);
+            let start = Instant::now();
+            loop {
+                match TcpStream::connect_timeout(&sa, Duration::from_secs(1)) {
+                    Ok(s) => break s,
+                    Err(e) if start.elapsed() < timeout => {
+                        log::debug!("connect {sa}: {e}");
+                        std::thread::sleep(Duration::from_millis(200));
+                    }
+                    Err(e) => bail!("no perftest-style server at {sa} within {timeout:?}: {e}"),
+                }
+            }
+        }
+        None => {
+            let l = TcpListener::bind(("0.0.0.0", o.port))
+                .with_context(|| format!("listen on TCP port {}", o.port))?;
+            l.set_nonblocking(true)?;
+            let start = Instant::now();
+            loop {
+                match l.accept() {
+                    Ok((s, _)) => break s,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                        if start.elapsed() > timeout {
+                            bail!("no client connected within {timeout:?}");
+                        }
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+    };
+    s.set_nodelay(true)?;
+    let peer_addr = s.peer_addr()?.ip();
+    let mut oob = Oob {
+        s,
+        client: o.server.is_some(),
+    };
+    let mut v = [0u8; 16];
+    v[..4].copy_from_slice(VERSION);
+    let theirs = oob.xchg(&mut dev, &v, timeout)?;
+    let their_ver =
+        std::str::from_utf8(theirs.split(|&c| c == 0).next().unwrap_or(&[])).unwrap_or("?");
+    if their_ver.parse::<f64>().unwrap_or(0.0) < 5.70 {
+        bail!("peer speaks perftest version '{their_ver}', need >= 5.70");
+    }
+    oob.xchg(&mut dev, &4096i32.to_be_bytes(), timeout)?;
+    oob.xchg(&mut dev, &64i32.to_be_bytes(), timeout)?;
+    let m = oob.xchg(&mut dev, &[b'0' + mtu_enum(o.mtu), 0], timeout)?;
+    let mtu = enum_mtu(m[0].wrapping_sub(b'0')).min(o.mtu);
+    let local_ip = hostnet::local_addr_for(&o.iface, peer_addr)?;
+    let out_reads = if o.test.uses_reads() { 16 } else { 1 };
+    let ours = Keys {
+        out_reads,
+        qpn,
+        psn,
+        rkey,
+        vaddr: addr + half as u64,
+        gid: gid_of(local_ip),
+    };
+    let rounds = if o.test.is_lat() { 4 } else { 3 };
+    let mut peer: Option<Keys> = None;
+    // SEND tests need receives posted before the peer may send.
+    let recv_sg = [Sge {
+        addr: addr + half as u64,
+        length: max_size as u32,
+        lkey,
+    }];
+    if matches!(o.test, Test::SendLat | Test::SendBw) {
+        for _ in 0..rx_depth {
+            dev.dp.core.post_recv(
+                qpn,
+                &RecvWr {
+                    wr_id: 0,
+                    sg_list: &recv_sg,
+                },
+            )?;
+        }
+    }
+    for r in 0..rounds {
+        let k = parse_keys(&oob.xchg(&mut dev, &fmt_keys(&ours), timeout)?)?;
+        if r == 0 {
+            let peer_ip = gid_ip(&k.gid);
+            let peer_mac = hostnet::resolve_mac(&o.iface, peer_ip, Duration::from_secs(3))?;
+            dev.dp.core.connect_qp(
+                qpn,
+                Path {
+                    local_mac: dev.mac,
+                    peer_mac,
+                    local_ip,
+                    peer_ip,
+                    vlan: None,
+                },
+                k.qpn,
+                k.psn,
+                psn,
+                mtu,
+                k.out_reads.clamp(1, 16) as u8,
+            )?;
+            peer = Some(k);
+        }
+    }
+    let peer = peer.expect("at least one round");
+    if !o.quiet {
+        eprintln!(
+            " local address: QPN 0x{qpn:04x} PSN 0x{psn:06x} RKey 0x{rkey:08x} VAddr 0x{:016x} GID {local_ip}",
+            ours.vaddr
+        );
+        eprintln!(
+            " remote address: QPN 0x{:04x} PSN 0x{:06x} RKey 0x{:08x} VAddr 0x{:016x} GID {}",
+            peer.qpn,
+            peer.psn,
+            peer.rkey,
+            peer.vaddr,
+            gid_ip(&peer.gid)
+        );
+        if o.test.is_lat() {
+            println!(" #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]");
+        } else {
+            println!(
+                " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]"
+            );
+        }
+    }
+    let ctx = Ctx {
+        qpn,
+        cq,
+        lkey,
+        local: addr,
+        half,
+        peer,
+        recv_sg,
+    };
+    let mut records = Vec::new();
+    for &size in &o.sizes {
+        let rec = match o.test {
+            Test::WriteLat | Test::SendLat => pingpong(&mut dev, &ctx, &o, size)?,
+            Test::ReadLat | Test::AtomicLat => {
+                if oob.client {
+                    one_sided_lat(&mut dev, &ctx, &o, size)?
+                } else {
+                    Record::default()
+                }
+            }
+            _ => {
+                let r = if oob.client || o.test == Test::SendBw {
+                    stream(&mut dev, &ctx, &o, size, oob.client)?
+                } else {
+                    Record::default()
+                };
+                // "client finished" barrier, then the BW report.
+                oob.xchg(&mut dev, &fmt_keys(&ours), Duration::from_secs(3600))?;
+                let mut rep = Vec::new();
+                rep.extend_from_slice(&(size as u64).to_be_bytes());
+                rep.extend_from_slice(&r.iters.to_be_bytes());
+                for x in [r.bw_peak_gbps, r.bw_avg_gbps, r.msg_rate_mpps] {
+                    rep.extend_from_slice(&x.unwrap_or(0.0).to_bits().to_be_bytes());
+                }
+                let mut peer_rep = Vec::new();
+                for chunk in rep.chunks(8) {
+                    peer_rep.extend(oob.xchg(&mut dev, chunk, timeout)?);
+                }
+                if !oob.client && o.test != Test::SendBw {
+                    // The server reports the client's numbers, as perftest does.
+                    let f = |i: usize| {
+                        f64::from_bits(u64::from_be_bytes(
+                            peer_rep[i * 8..i * 8 + 8].try_into().unwrap(),
+                        ))
+                    };
+                    Record {
+                        test: o.test.name().into(),
+                        bytes: size,
+                        iters: u64::from_be_bytes(peer_rep[8..16].try_into().unwrap()),
+                        bw_peak_gbps: Some(f(2)),
+                        bw_avg_gbps: Some(f(3)),
+                        msg_rate_mpps: Some(f(4)),
+                        ..Default::default()
+                    }
+                } else {
+                    r
+                }
+            }
+        };
+        if !rec.test.is_empty() && !o.quiet {
+            print_record(&rec);
+        }
+        records.push(rec);
+    }
+    // Closing: every test but write_lat exchanges keys once more, then both
+    // write "done".
+    if o.test != Test::WriteLat {
+        oob.xchg(&mut dev, &fmt_keys(&ours), Duration::from_secs(3600))?;
+        let _ = oob.s.write_all(b"done\0");
+    }
+    // Let the last ACKs leave.
+    let end = Instant::now() + Duration::from_millis(100);
+    while Instant::now() < end {
+        dev.dp.poll();
+    }
+    Ok(records.into_iter().filter(|r| !r.test.is_empty()).collect())
+}
+
+pub fn print_record(r: &Record) {
+    if r.t_typical_us.is_some() {
+        println!(
+            " {:<6} {:<10}   {:<13.2}  {:<13.2}  {:<15.2}  {:<13.2}  {:<14.2}  {:<21.2}  {:.2}",
+            r.bytes,
+            r.iters,
+            r.t_min_us.unwrap_or(0.0),
+            r.t_max_us.unwrap_or(0.0),
+            r.t_typical_us.unwrap_or(0.0),
+            r.t_avg_us.unwrap_or(0.0),
+            r.t_stdev_us.unwrap_or(0.0),
+            r.p99_us.unwrap_or(0.0),
+            r.p999_us.unwrap_or(0.0)
+        );
+    } else {
+        println!(
+            " {:<10} {:<14} {:<18.6} {:<20.6} {:.6}",
+            r.bytes,
+            r.iters,
+            r.bw_peak_gbps.unwrap_or(0.0),
+            r.bw_avg_gbps.unwrap_or(0.0),
+            r.msg_rate_mpps.unwrap_or(0.0)
+        );
+    }
+}
+
+struct Ctx {
+    qpn: u32,
+    cq: u32,
+    lkey: u32,
+    local: u64,
+    half: usize,
+    peer: Keys,
+    recv_sg: [Sge; 1],
+}
+
+/// Latency statistics the way perftest reports them: per-iteration times,
+/// t_typical the median.
+pub fn lat_record(test: &str, bytes: usize, mut us: Vec<f64>) -> Record {
+    us.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let n = us.len().max(1);
+    let avg = us.iter().sum::<f64>() / n as f64;
+    let var = us.iter().map(|x| (x - avg) * (x - avg)).sum::<f64>() / n as f64;
+    let pct = |p: f64| us[(((n as f64) * p).ceil() as usize).clamp(1, n) - 1];
+    Record {
+        test: test.into(),
+        bytes,
+        iters: us.len() as u64,
+        t_min_us: us.first().copied(),
+        t_max_us: us.last().copied(),
+        t_typical_us: Some(us[n / 2]),
+        t_avg_us: Some(avg),
+        t_stdev_us: Some(var.sqrt()),
+        p99_us: Some(pct(0.99)),
+        p999_us: Some(pct(0.999)),
+        ..Default::default()
+    }
+}
+
+fn wait_wc(dev: &mut Device, cq: u32, want: WcOpcode) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        dev.dp.poll();
+        let mut b = [NO_WC; 1];
+        if dev.dp.core.cq_mut(cq).map(|c| c.poll(&mut b)).unwrap_or(0) == 1 {
+            if b[0].status != WcStatus::Success {
+                bail!(
+                    "completion error: {}",
+                    crate::proto::status_name(b[0].status)
+                );
+            }
+            if b[0].opcode == want {
+                return Ok(());
+            }
+            continue;
+        }
+        if start.elapsed() > Duration::from_secs(5) {
+            bail!("the peer stopped answering (no completion for 5 s)");
+        }
+    }
+}
+
+fn done(o: &Options, n: u64, start: Instant) -> bool {
+    match o.duration {
+        Some(d) => start.elapsed().as_secs_f64() >= d,
+        None => n >= o.iters,
+    }
+}
+
+/// write_lat / send_lat: both sides ping-pong, in perftest's loop order (the
+/// client sends first); latency is half the time between one's consecutive
+/// sends (RTT/2), as perftest defines it.
+fn pingpong(dev: &mut Device, c: &Ctx, o: &Options, size: usize) -> Result<Record> {
+    let client = o.server.is_some();
+    let iters = o.iters;
+    let post_at = size.max(1) - 1;
+    let sg = [Sge {
+        addr: c.local,
+        length: size as u32,
+        lkey: c.lkey,
+    }];
+    let (op, want) = if o.test == Test::WriteLat {
+        (WrOpcode::RdmaWrite, WcOpcode::RdmaWrite)
+    } else {
+        (WrOpcode::Send, WcOpcode::Send)
+    };
+    let mut times = Vec::with_capacity(iters as usize + 1);
+    let (mut scnt, mut rcnt) = (0u64, 0u64);
+    let poll_off = c.half + post_at;
+    while scnt < iters || rcnt < iters {
+        if rcnt < iters && !(scnt < 1 && client) {
+            rcnt += 1;
+            if o.test == Test::WriteLat {
+                // The peer's WRITE carries the iteration in its last byte.
+                let t0 = Instant::now();
+                loop {
+                    dev.dp.poll();
+                    let mr = dev.dp.core.mem.by_lkey(c.lkey).expect("mr");
+                    if mr.bytes()[poll_off] == rcnt as u8 {
+                        break;
+                    }
+                    if t0.elapsed() > Duration::from_secs(5) {
+                        bail!("the peer stopped writing (iteration {rcnt})");
+                    }
+                }
+            } else {
+                wait_wc(dev, c.cq, WcOpcode::Recv)?;
+                dev.dp.core.post_recv(
+                    c.qpn,
+                    &RecvWr {
+                        wr_id: 0,
+                        sg_list: &c.recv_sg,
+                    },
+                )?;
+            }
+        }
+        if scnt < iters {
+            scnt += 1;
+            dev.dp.core.mem.by_lkey_mut(c.lkey).expect("mr").bytes_mut()[post_at] = scnt as u8;
+            times.push(Instant::now());
+            let mut wr = SendWr::new(scnt, op, &sg);
+            wr.remote_addr = c.peer.vaddr;
+            wr.rkey = c.peer.rkey;
+            dev.dp.core.post_send(c.qpn, &wr)?;
+            wait_wc(dev, c.cq, want)?;
+        }
+    }
+    let us: Vec<f64> = times
+        .windows(2)
+        .map(|w| w[1].duration_since(w[0]).as_secs_f64() * 1e6 / 2.0)
+        .collect();
+    Ok(lat_record(o.test.name(), size, us))
+}
+
+/// read_lat / atomic_lat (client): one operation at a time, full round trip.
+fn one_sided_lat(dev: &mut Device, c: &Ctx, o: &Options, size: usize) -> Result<Record> {
+    let atomic = o.test == Test::AtomicLat;
+    let len = if atomic { 8 } else { size as u32 };
+    let sg = [Sge {
+        addr: c.local,
+        length: len,
+        lkey: c.lkey,
+    }];
+    let mut us = Vec::with_capacity(o.iters as usize);
+    let start = Instant::now();
+    let mut n = 0u64;
+    while !done(o, n, start) {
+        let mut wr = SendWr::new(
+            n,
+            if atomic {
+                WrOpcode::FetchAdd
+            } else {
+                WrOpcode::RdmaRead
+            },
+            &sg,
+        );
+        wr.remote_addr = c.peer.vaddr;
+        wr.rkey = c.peer.rkey;
+        wr.compare_add = 1;
+        let t = Instant::now();
+        dev.dp.core.post_send(c.qpn, &wr)?;
+        wait_wc(
+            dev,
+            c.cq,
+            if atomic {
+                WcOpcode::FetchAdd
+            } else {
+                WcOpcode::RdmaRead
+            },
+        )?;
+        us.push(t.elapsed().as_secs_f64() * 1e6);
+        n += 1;
+    }
+    Ok(lat_record(o.test.name(), size, us))
+}
+
+/// write_bw / read_bw / send_bw: keep `tx_depth` operations outstanding.
+/// The receiving side of send_bw counts receives instead.
+fn stream(dev: &mut Device, c: &Ctx, o: &Options, size: usize, client: bool) -> Result<Record> {
+    let sg = [Sge {
+        addr: c.local,
+        length: size as u32,
+        lkey: c.lkey,
+    }];
+    let depth = if o.test == Test::ReadBw {
+        o.tx_depth.min(c.peer.out_reads.max(1)).min(16)
+    } else {
+        o.tx_depth
+    } as u64;
+    let op = match o.test {
+        Test::WriteBw => WrOpcode::RdmaWrite,
+        Test::ReadBw => WrOpcode::RdmaRead,
+        _ => WrOpcode::Send,
+    };
+    let start = Instant::now();
+    let (mut posted, mut completed) = (0u64, 0u64);
+    let mut peak = 0f64;
+    let mut window = (Instant::now(), 0u64);
+    let mut last_progress = Instant::now();
+    let mut wcs = [NO_WC; 64];
+    let target_done = |n: u64| done(o, n, start);
+    loop {
+        if client {
+            while posted - completed < depth && !target_done(posted) {
+                let mut wr = SendWr::new(posted, op, &sg);
+                wr.remote_addr = c.peer.vaddr;
+                wr.rkey = c.peer.rkey;
+                dev.dp.core.post_send(c.qpn, &wr)?;
+                posted += 1;
+            }
+        }
+        dev.dp.poll();
+        let n = dev
+            .dp
+            .core
+            .cq_mut(c.cq)
+            .map(|q| q.poll(&mut wcs))
+            .unwrap_or(0);
+        for w in &wcs[..n] {
+            if w.status != WcStatus::Success {
+                bail!("completion error: {}", crate::proto::status_name(w.status));
+            }
+            if !client {
+                dev.dp.core.post_recv(
+                    c.qpn,
+                    &RecvWr {
+                        wr_id: 0,
+                        sg_list: &c.recv_sg,
+                    },
+                )?;
+            }
+        }
+        if n > 0 {
+            completed += n as u64;
+            last_progress = Instant::now();
+            // Peak: the best rate over any stretch of 4 x tx_depth messages.
+            if completed - window.1 >= depth * 4 {
+                let dt = window.0.elapsed().as_secs_f64();
+                peak = peak.max((completed - window.1) as f64 * size as f64 * 8.0 / dt / 1e9);
+                window = (Instant::now(), completed);
+            }
+        } else if last_progress.elapsed() > Duration::from_secs(5) {
+            bail!("no completion for 5 s ({completed} of {posted} done)");
+        }
+        let finished = if client {
+            target_done(posted) && completed == posted
+        } else {
+            match o.duration {
+                Some(_) => target_done(0) && last_progress.elapsed() > Duration::from_millis(200),
+                None => completed >= o.iters,
+            }
+        };
+        if finished {
+            break;
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let avg = completed as f64 * size as f64 * 8.0 / secs / 1e9;
+    Ok(Record {
+        test: o.test.name().into(),
+        bytes: size,
+        iters: completed,
+        bw_peak_gbps: Some(peak.max(avg)),
+        bw_avg_gbps: Some(avg),
+        msg_rate_mpps: Some(completed as f64 / secs / 1e6),
+        ..Default::default()
+    })
+}
