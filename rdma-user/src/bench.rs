@@ -527,7 +527,7 @@ pub fn lat_record(test: &str, bytes: usize, mut us: Vec<f64>) -> Record {
     }
 }
 
-fn wait_wc(dev: &mut Device, cq: u32, want: WcOpcode) -> Result<()> {
+fn wait_wc(dev: &mut Device, cq: u32, want: WcOpcode, timeout: Duration) -> Result<()> {
     let start = Instant::now();
     loop {
         dev.dp.poll();
@@ -544,8 +544,8 @@ fn wait_wc(dev: &mut Device, cq: u32, want: WcOpcode) -> Result<()> {
             }
             continue;
         }
-        if start.elapsed() > Duration::from_secs(5) {
-            bail!("the peer stopped answering (no completion for 5 s)");
+        if start.elapsed() > timeout {
+            bail!("the peer stopped answering (no completion for {timeout:?})");
         }
     }
 }
@@ -589,12 +589,12 @@ fn pingpong(dev: &mut Device, c: &Ctx, o: &Options, size: usize) -> Result<Recor
                     if mr.bytes()[poll_off] == rcnt as u8 {
                         break;
                     }
-                    if t0.elapsed() > Duration::from_secs(5) {
+                    if t0.elapsed() > Duration::from_secs(o.connect_timeout) {
                         bail!("the peer stopped writing (iteration {rcnt})");
                     }
                 }
             } else {
-                wait_wc(dev, c.cq, WcOpcode::Recv)?;
+                wait_wc(dev, c.cq, WcOpcode::Recv, Duration::from_secs(o.connect_timeout))?;
                 dev.dp.core.post_recv(
                     c.qpn,
                     &RecvWr {
@@ -612,7 +612,7 @@ fn pingpong(dev: &mut Device, c: &Ctx, o: &Options, size: usize) -> Result<Recor
             wr.remote_addr = c.peer.vaddr;
             wr.rkey = c.peer.rkey;
             dev.dp.core.post_send(c.qpn, &wr)?;
-            wait_wc(dev, c.cq, want)?;
+            wait_wc(dev, c.cq, want, Duration::from_secs(o.connect_timeout))?;
         }
     }
     let us: Vec<f64> = times
@@ -657,6 +657,7 @@ fn one_sided_lat(dev: &mut Device, c: &Ctx, o: &Options, size: usize) -> Result<
             } else {
                 WcOpcode::RdmaRead
             },
+            Duration::from_secs(o.connect_timeout),
         )?;
         us.push(t.elapsed().as_secs_f64() * 1e6);
         n += 1;
