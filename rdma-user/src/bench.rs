@@ -299,7 +299,7 @@ pub fn run(o: Options) -> Result<Vec<Record>> {
         }
     };
     s.set_nodelay(true)?;
-    let peer_addr = s.peer_addr()?.ip();
+    let peer_addr = s.peer_addr()?.ip().to_canonical();
     let mut oob = Oob {
         s,
         client: o.server.is_some(),
@@ -416,6 +416,17 @@ pub fn run(o: Options) -> Result<Vec<Record>> {
                 } else {
                     Record::default()
                 };
+                if o.test == Test::SendBw {
+                    // Half-duplex send_bw: both sides measured their own
+                    // side; perftest (as captured between two rxe hosts)
+                    // exchanges the barrier but no reports.
+                    oob.xchg(&mut dev, &fmt_keys(&ours), Duration::from_secs(3600))?;
+                    if !o.quiet {
+                        print_record(&r);
+                    }
+                    records.push(r);
+                    continue;
+                }
                 // "client finished" barrier, then the BW report.
                 oob.xchg(&mut dev, &fmt_keys(&ours), Duration::from_secs(3600))?;
                 let mut rep = Vec::new();
@@ -594,7 +605,12 @@ fn pingpong(dev: &mut Device, c: &Ctx, o: &Options, size: usize) -> Result<Recor
                     }
                 }
             } else {
-                wait_wc(dev, c.cq, WcOpcode::Recv, Duration::from_secs(o.connect_timeout))?;
+                wait_wc(
+                    dev,
+                    c.cq,
+                    WcOpcode::Recv,
+                    Duration::from_secs(o.connect_timeout),
+                )?;
                 dev.dp.core.post_recv(
                     c.qpn,
                     &RecvWr {

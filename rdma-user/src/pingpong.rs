@@ -137,28 +137,43 @@ pub fn run(o: Options) -> Result<()> {
             (s, a.ip())
         }
     };
-    let local_ip = match o.local_ip {
-        Some(ip) => ip,
-        None => hostnet::local_addr_for(&o.iface, peer_addr)?,
-    };
-    let my_msg = format!(
-        "{:04x}:{:06x}:{:06x}:{}",
-        0,
-        qpn,
-        my_psn,
-        wire_gid(&gid_of(local_ip))
-    );
-    let mut out = [0u8; MSG_LEN];
-    out[..my_msg.len()].copy_from_slice(my_msg.as_bytes());
     let mut peer = [0u8; MSG_LEN];
-    if o.server.is_some() {
+    let out;
+    let my_msg = |local_ip: IpAddr| {
+        let m = format!(
+            "{:04x}:{:06x}:{:06x}:{}",
+            0,
+            qpn,
+            my_psn,
+            wire_gid(&gid_of(local_ip))
+        );
+        let mut out = [0u8; MSG_LEN];
+        out[..m.len()].copy_from_slice(m.as_bytes());
+        out
+    };
+    // Our GID takes the family of the peer's: the client knows only the
+    // server's address when it speaks first; the server reads first.
+    let local_ip = if o.server.is_some() {
+        let ip = match o.local_ip {
+            Some(ip) => ip,
+            None => hostnet::local_addr_for(&o.iface, peer_addr.to_canonical())?,
+        };
+        out = my_msg(ip);
         tcp.write_all(&out)?;
         tcp.read_exact(&mut peer)
             .context("read the server's QP details")?;
+        ip
     } else {
         tcp.read_exact(&mut peer)
             .context("read the client's QP details")?;
-    }
+        let (_, _, g) = parse_dest(&peer)?;
+        let ip = match o.local_ip {
+            Some(ip) => ip,
+            None => hostnet::local_addr_for(&o.iface, gid_ip(&g))?,
+        };
+        out = my_msg(ip);
+        ip
+    };
     let (rqpn, rpsn, rgid) = parse_dest(&peer)?;
     let peer_ip = gid_ip(&rgid);
     let peer_mac = hostnet::resolve_mac(&o.iface, peer_ip, Duration::from_secs(3))?;

@@ -34,6 +34,18 @@ enum Cmd {
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
     },
+    /// Interoperate with Linux rxe (rdma-core, perftest) in a VM: both roles.
+    Interop {
+        /// Only the quick subset (what `cargo xtask test` runs).
+        #[arg(long)]
+        quick: bool,
+        /// Leave the VM running afterwards.
+        #[arg(long)]
+        keep_vm: bool,
+        /// Run only the cases whose name contains this.
+        #[arg(long)]
+        only: Option<String>,
+    },
     /// Build and run `rdma` with these arguments.
     Run {
         #[arg(long)]
@@ -60,6 +72,11 @@ fn main() {
     let r = match cli.cmd {
         Cmd::Demo { keep } => prereqs(true, false).and_then(|_| demo(keep)),
         Cmd::Test { args } => prereqs(true, true).and_then(|_| test(&args)),
+        Cmd::Interop {
+            quick,
+            keep_vm,
+            only,
+        } => prereqs(true, false).and_then(|_| interop(quick, keep_vm, only.as_deref())),
         Cmd::Run { release, args } => prereqs(false, false).and_then(|_| run(release, &args)),
         Cmd::Setup { install } => prereqs(install, install),
     };
@@ -539,4 +556,292 @@ fn check(ok: bool, what: &str) -> Result<()> {
     } else {
         Err(anyhow!("check failed: {what}"))
     }
+}
+
+// ------------------------------------------------------------------ interop
+
+fn rxe_peer() -> Result<PathBuf> {
+    let p = root()
+        .parent()
+        .map(|d| d.join("shared/rxe-peer/rxe-peer.sh"))
+        .ok_or_else(|| anyhow!("no parent directory"))?;
+    if !p.exists() {
+        bail!(
+            "{} is missing: the rxe peer VM scripts live in ../shared/rxe-peer",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
+struct Vm {
+    script: PathBuf,
+    keep: bool,
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        if !self.keep {
+            let _ = Command::new(&self.script)
+                .arg("stop")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+/// One interop case: our side in the namespace, rxe's tool in the VM.
+struct Case {
+    name: String,
+    /// rxe's command line in the VM.
+    rxe: String,
+    /// Our arguments to `rdma`.
+    ours: Vec<String>,
+    /// true: rxe is the server (started first, in the background).
+    rxe_server: bool,
+    /// What our output must contain.
+    ours_ok: &'static str,
+    /// What rxe's output must contain.
+    rxe_ok: &'static str,
+}
+
+fn interop(quick: bool, keep_vm: bool, only: Option<&str>) -> Result<()> {
+    let t0 = Instant::now();
+    let script = rxe_peer()?;
+    let bin = build(true)?;
+    sh(Command::new(&script).arg("setup").stdout(Stdio::null())).context("rxe-peer setup")?;
+    let _ = Command::new(&script)
+        .arg("stop")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    sh(Command::new(&script)
+        .args(["start", "a"])
+        .stdout(Stdio::null()))
+    .context("boot the rxe VM")?;
+    let _vm = Vm {
+        script: script.clone(),
+        keep: keep_vm,
+    };
+    let boot = t0.elapsed();
+    let b = bin.to_string_lossy().to_string();
+    let mut cases = Vec::new();
+    let sizes: &[usize] = if quick {
+        &[64, 4096]
+    } else {
+        &[64, 4096, 65536]
+    };
+    for &s in sizes {
+        for rxe_server in [true, false] {
+            cases.push(Case {
+                name: format!(
+                    "ibv_rc_pingpong -s {s} -c, rxe {}",
+                    if rxe_server { "server" } else { "client" }
+                ),
+                rxe: format!(
+                    "ibv_rc_pingpong -d rxe0 -g 1 -s {s} -n 50 -c{}",
+                    if rxe_server { "" } else { " 10.99.0.1" }
+                ),
+                ours: format!(
+                    "pingpong{} --dev rxehost0 -s {s} -n 50 -c",
+                    if rxe_server { " 10.99.0.2" } else { "" }
+                )
+                .split_whitespace()
+                .map(String::from)
+                .collect(),
+                rxe_server,
+                ours_ok: "50 iters in",
+                rxe_ok: "50 iters in",
+            });
+        }
+    }
+    if !quick {
+        for rxe_server in [true, false] {
+            cases.push(Case {
+                name: format!(
+                    "ibv_rc_pingpong IPv6 GID -s 4096 -c, rxe {}",
+                    if rxe_server { "server" } else { "client" }
+                ),
+                rxe: format!(
+                    "ibv_rc_pingpong -d rxe0 -g 2 -s 4096 -n 50 -c{}",
+                    if rxe_server { "" } else { " fd99::1" }
+                ),
+                // rc_pingpong's server listens on IPv4 only: TCP over IPv4,
+                // RoCE over the IPv6 GIDs.
+                ours: format!(
+                    "pingpong{} --dev rxehost0 -s 4096 -n 50 -c --local-ip fd99::1",
+                    if rxe_server { " 10.99.0.2" } else { "" }
+                )
+                .split_whitespace()
+                .map(String::from)
+                .collect(),
+                rxe_server,
+                ours_ok: "50 iters in",
+                rxe_ok: "50 iters in",
+            });
+        }
+    }
+    let perf: &[(&str, &str, &[usize])] = if quick {
+        &[
+            ("send_lat", "send-lat", &[2]),
+            ("read_bw", "read-bw", &[65536]),
+        ]
+    } else {
+        &[
+            ("send_lat", "send-lat", &[2, 5000, 1 << 20]),
+            ("read_lat", "read-lat", &[2, 5000, 1 << 20]),
+            ("atomic_lat", "atomic-lat", &[8]),
+            ("write_bw", "write-bw", &[2, 5000, 1 << 20]),
+            ("read_bw", "read-bw", &[2, 5000, 1 << 20]),
+            ("send_bw", "send-bw", &[2, 5000]),
+        ]
+    };
+    for (tool, ours, sizes) in perf {
+        for &s in *sizes {
+            let n = if s >= 1 << 20 { 5 } else { 20 };
+            let size_arg = if *tool == "atomic_lat" {
+                String::new()
+            } else {
+                format!(" -s {s}")
+            };
+            cases.push(Case {
+                name: format!("ib_{tool}{size_arg} -n {n}, rxe server"),
+                rxe: format!("ib_{tool} -d rxe0 -x 1{size_arg} -n {n}"),
+                ours: format!(
+                    "bench {ours} 10.99.0.2 --dev rxehost0{} -n {n} --peer-timeout 60",
+                    if *tool == "atomic_lat" {
+                        String::new()
+                    } else {
+                        format!(" -s {s}")
+                    }
+                )
+                .split_whitespace()
+                .map(String::from)
+                .collect(),
+                rxe_server: true,
+                ours_ok: if tool.contains("lat") {
+                    "[usec]"
+                } else {
+                    "[Gb/sec]"
+                },
+                rxe_ok: "",
+            });
+        }
+    }
+    let mut results = Vec::new();
+    for c in cases
+        .iter()
+        .filter(|c| only.is_none_or(|o| c.name.contains(o)))
+    {
+        let start = Instant::now();
+        let r = run_case(&script, &b, c);
+        let secs = start.elapsed().as_secs_f64();
+        match &r {
+            Ok(()) => println!("PASS  {:<55} {:>6.1} s", c.name, secs),
+            Err(e) => println!("FAIL  {:<55} {:>6.1} s  {e:#}", c.name, secs),
+        }
+        results.push(r.is_ok());
+    }
+    let passed = results.iter().filter(|&&x| x).count();
+    println!(
+        "interop: {} passed, {} failed ({} cases; VM boot {:.0} s, total {:.0} s)",
+        passed,
+        results.len() - passed,
+        results.len(),
+        boot.as_secs_f64(),
+        t0.elapsed().as_secs_f64()
+    );
+    if passed != results.len() {
+        bail!("interop failures");
+    }
+    Ok(())
+}
+
+fn run_case(script: &Path, bin: &str, c: &Case) -> Result<()> {
+    let ns = |args: &[String]| -> Result<std::process::Output> {
+        Ok(Command::new("timeout")
+            .arg("150")
+            .arg(script)
+            .arg("ns")
+            .arg(bin)
+            .args(args)
+            .output()?)
+    };
+    if c.rxe_server {
+        let out = Command::new(script)
+            .args(["bg", "-v", "a", "--"])
+            .args(c.rxe.split_whitespace())
+            .output()?;
+        let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let (pid, log) = line
+            .split_once(' ')
+            .ok_or_else(|| anyhow!("rxe-peer bg: {line}"))?;
+        std::thread::sleep(Duration::from_secs(2));
+        let ours = ns(&c.ours)?;
+        let rxe = Command::new(script)
+            .args(["wait", "-v", "a", "-t", "120", pid, log])
+            .output()?;
+        let (o, r) = (
+            String::from_utf8_lossy(&ours.stdout),
+            String::from_utf8_lossy(&rxe.stdout),
+        );
+        if !ours.status.success() || !o.contains(c.ours_ok) {
+            let _ = Command::new(script)
+                .args(["exec", "-v", "a", "--", &format!("kill {pid}")])
+                .output();
+            bail!("ours: {}", tail(&ours));
+        }
+        if !rxe.status.success() || !r.contains(c.rxe_ok) {
+            bail!("rxe: {}", tail(&rxe));
+        }
+    } else {
+        let mut child = Command::new("timeout")
+            .arg("150")
+            .arg(script)
+            .arg("ns")
+            .arg(bin)
+            .args(&c.ours)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        std::thread::sleep(Duration::from_millis(1500));
+        let rxe = Command::new(script)
+            .args(["exec", "-v", "a", "-t", "120", "--"])
+            .args(c.rxe.split_whitespace())
+            .output()?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if child.try_wait()?.is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = child.kill();
+        let ours = child.wait_with_output()?;
+        let (o, r) = (
+            String::from_utf8_lossy(&ours.stdout),
+            String::from_utf8_lossy(&rxe.stdout),
+        );
+        if !rxe.status.success() || !r.contains(c.rxe_ok) {
+            bail!("rxe: {}", tail(&rxe));
+        }
+        if !ours.status.success() || !o.contains(c.ours_ok) {
+            bail!("ours: {}", tail(&ours));
+        }
+    }
+    Ok(())
+}
+
+/// The last meaningful line a tool printed (stderr first: errors go there).
+fn tail(o: &std::process::Output) -> String {
+    let err = String::from_utf8_lossy(&o.stderr);
+    let out = String::from_utf8_lossy(&o.stdout);
+    err.lines()
+        .chain(out.lines())
+        .filter(|l| !l.trim().is_empty() && !l.contains("[rxe-peer]"))
+        .last()
+        .unwrap_or("failed")
+        .trim()
+        .to_string()
 }
