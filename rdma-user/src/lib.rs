@@ -4,6 +4,7 @@
 //! [`wire`] is the packet format, [`engine`] the sans-IO RC transport, [`mr`]
 //! the memory regions it reads and writes.
 
+pub mod baseline;
 pub mod bench;
 pub mod capture;
 pub mod daemon;

@@ -79,6 +79,26 @@ enum Cmd {
     /// perftest-style benchmark (server without SERVER, client with it);
     /// either side may be perftest itself (ib_write_lat, ...).
     Bench(BenchArgs),
+    /// Same-link baselines without RDMA (AF_XDP, UDP, TCP; ping-pong and
+    /// stream), and the in-memory engine microbenchmark (`engine`).
+    Baseline {
+        #[arg(value_enum)]
+        kind: Option<rdma_user::baseline::Kind>,
+        server: Option<std::net::IpAddr>,
+        #[arg(long = "dev", short = 'd', default_value = "")]
+        dev: String,
+        #[arg(short = 's', long, default_value_t = 64)]
+        size: usize,
+        #[arg(short = 'n', long, default_value_t = 10000)]
+        iters: u64,
+        #[arg(long)]
+        cpu: Option<usize>,
+        #[arg(long)]
+        json_file: Option<PathBuf>,
+        /// Run the engine microbenchmark instead (WRITEs of 64 B).
+        #[arg(long)]
+        engine: bool,
+    },
     /// Send raw frames from this namespace (test tool).
     #[command(hide = true)]
     Inject {
@@ -346,6 +366,49 @@ fn run(cli: Cli) -> Result<()> {
             })
         }
         Cmd::Decode { file } => decode(&file),
+        Cmd::Baseline {
+            kind,
+            server,
+            dev,
+            size,
+            iters,
+            cpu,
+            json_file,
+            engine,
+        } => {
+            if let Some(c) = cpu {
+                rdma_user::daemon::pin_to_cpu(c);
+            }
+            let rec = if engine {
+                let (mps, fps) = rdma_user::baseline::engine_pps(iters)?;
+                println!("engine: {:.2} M WRITE/s, {:.2} M frames/s (64 B, full frames with ICRC, one core)", mps / 1e6, fps / 1e6);
+                Some(rdma_user::bench::Record {
+                    test: "engine_write_64".into(),
+                    bytes: 64,
+                    iters,
+                    msg_rate_mpps: Some(fps / 1e6),
+                    ..Default::default()
+                })
+            } else {
+                let kind = kind
+                    .ok_or_else(|| anyhow!("which baseline? (afxdp-pingpong, udp-stream, ...)"))?;
+                rdma_user::baseline::run(&rdma_user::baseline::Options {
+                    kind,
+                    iface: dev,
+                    server,
+                    size,
+                    iters,
+                    timeout: Duration::from_secs(10),
+                })?
+            };
+            if let Some(r) = rec {
+                rdma_user::bench::print_record(&r);
+                if let Some(f) = json_file {
+                    std::fs::write(&f, serde_json::to_string_pretty(&vec![r])?)?;
+                }
+            }
+            Ok(())
+        }
         Cmd::Bench(b) => {
             if b.qps != 1 {
                 bail!("-q {}: only one QP per test is implemented", b.qps);
