@@ -227,7 +227,15 @@ fn test(args: &[String]) -> Result<()> {
     c.current_dir(root())
         .args(["test", "--workspace", "--exclude", "rdma-ebpf"]);
     c.args(args);
-    sh(&mut c).context("tests failed")
+    sh(&mut c).context("tests failed")?;
+    if !args.is_empty() {
+        return Ok(());
+    }
+    // Then interoperability with Linux rxe in a VM (the quick subset:
+    // rc_pingpong both roles at 64 B and 4 KiB, perftest send_lat and
+    // read_bw); `cargo xtask interop` runs the whole matrix.
+    println!("interop with Linux rxe (quick subset)");
+    interop(true, false, None)
 }
 
 /// Namespaces, veth and daemons of the demo; removed on drop, even on error.
