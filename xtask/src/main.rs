@@ -855,8 +855,7 @@ fn tail(o: &std::process::Output) -> String {
     let out = String::from_utf8_lossy(&o.stdout);
     err.lines()
         .chain(out.lines())
-        .filter(|l| !l.trim().is_empty() && !l.contains("[rxe-peer]"))
-        .last()
+        .rfind(|l| !l.trim().is_empty() && !l.contains("[rxe-peer]"))
         .unwrap_or("failed")
         .trim()
         .to_string()
