@@ -391,13 +391,7 @@ pub fn engine_pps(writes: u64) -> Result<(f64, f64)> {
                 max_recv_wr: 16,
             },
         );
-        q.modify(&QpAttr {
-            qp_state: Some(QpState::Init),
-            pkey_index: Some(0),
-            port_num: Some(1),
-            qp_access_flags: Some(Access::ALL),
-            ..Default::default()
-        })?;
+        q.modify(&QpAttr::init(Access::ALL))?;
         q.modify(&QpAttr {
             qp_state: Some(QpState::Rtr),
             dest_gid: Some([0; 16]),

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 
-use crate::datapath::{gid_of, Path};
-use crate::engine::{QpCap, RecvWr, SendWr, Sge, WcOpcode, WcStatus, WrOpcode};
+use crate::datapath::{gid_of, gid_to_ip, Path};
+use crate::engine::{QpAttr, QpCap, RecvWr, SendWr, Sge, WcOpcode, WcStatus, WrOpcode};
 use crate::hostnet;
 use crate::mr::Access;
 use crate::standalone::{Device, NO_WC};
@@ -169,14 +169,6 @@ fn parse_keys(b: &[u8]) -> Result<Keys> {
     })
 }
 
-fn gid_ip(g: &[u8; 16]) -> IpAddr {
-    if g[..10] == [0; 10] && g[10] == 0xff && g[11] == 0xff {
-        IpAddr::from([g[12], g[13], g[14], g[15]])
-    } else {
-        IpAddr::from(*g)
-    }
-}
-
 /// The TCP side channel. Reads keep the data path polled, so a peer waiting
 /// on us for packets is answered while we wait on it for bytes.
 struct Oob {
@@ -252,16 +244,7 @@ pub fn run(o: Options) -> Result<Vec<Record>> {
             max_recv_wr: rx_depth,
         },
     )?;
-    dev.dp.core.modify_qp(
-        qpn,
-        &crate::engine::QpAttr {
-            qp_state: Some(crate::engine::QpState::Init),
-            pkey_index: Some(0),
-            port_num: Some(1),
-            qp_access_flags: Some(Access::ALL),
-            ..Default::default()
-        },
-    )?;
+    dev.dp.core.modify_qp(qpn, &QpAttr::init(Access::ALL))?;
     let psn = dev.dp.core.random_psn();
 
     let s = match o.server {
@@ -348,7 +331,7 @@ pub fn run(o: Options) -> Result<Vec<Record>> {
     for r in 0..rounds {
         let k = parse_keys(&oob.xchg(&mut dev, &fmt_keys(&ours), timeout)?)?;
         if r == 0 {
-            let peer_ip = gid_ip(&k.gid);
+            let peer_ip = gid_to_ip(&k.gid);
             let peer_mac = hostnet::resolve_mac(&o.iface, peer_ip, Duration::from_secs(3))?;
             dev.dp.core.connect_qp(
                 qpn,
@@ -380,7 +363,7 @@ pub fn run(o: Options) -> Result<Vec<Record>> {
             peer.psn,
             peer.rkey,
             peer.vaddr,
-            gid_ip(&peer.gid)
+            gid_to_ip(&peer.gid)
         );
         if o.test.is_lat() {
             println!(" #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]");

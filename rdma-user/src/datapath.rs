@@ -72,6 +72,15 @@ impl Path {
     }
 }
 
+/// The address a RoCEv2 GID stands for (IPv4-mapped GIDs give IPv4).
+pub fn gid_to_ip(g: &[u8; 16]) -> IpAddr {
+    if g[..10] == [0; 10] && g[10] == 0xff && g[11] == 0xff {
+        IpAddr::from([g[12], g[13], g[14], g[15]])
+    } else {
+        IpAddr::from(*g)
+    }
+}
+
 pub fn gid_of(ip: IpAddr) -> [u8; 16] {
     match ip {
         IpAddr::V4(a) => ipv4_mapped_gid(a.octets()),
@@ -399,13 +408,7 @@ impl Core {
             .ok_or_else(|| anyhow!("no QP {qpn:#x}"))?;
         let q = &mut slot.qp;
         if q.state() == QpState::Reset {
-            q.modify(&QpAttr {
-                qp_state: Some(QpState::Init),
-                pkey_index: Some(0),
-                port_num: Some(1),
-                qp_access_flags: Some(Access::ALL),
-                ..Default::default()
-            })?;
+            q.modify(&QpAttr::init(Access::ALL))?;
         }
         q.modify(&QpAttr {
             qp_state: Some(QpState::Rtr),

@@ -88,6 +88,19 @@ pub struct QpAttr {
     pub max_rd_atomic: Option<u8>,
 }
 
+impl QpAttr {
+    /// RESET -> INIT with P_Key index 0 on port 1, the usual first step.
+    pub fn init(access: Access) -> QpAttr {
+        QpAttr {
+            qp_state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port_num: Some(1),
+            qp_access_flags: Some(access),
+            ..Default::default()
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ModifyError {
     /// The state machine has no edge from `from` to `to`.

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use crate::datapath::{gid_of, Path};
-use crate::engine::{QpCap, RecvWr, SendWr, Sge, WcStatus, WrOpcode};
+use crate::datapath::{gid_of, gid_to_ip, Path};
+use crate::engine::{QpAttr, QpCap, RecvWr, SendWr, Sge, WcStatus, WrOpcode};
 use crate::hostnet;
 use crate::mr::Access;
 use crate::standalone::{Device, NO_WC};
@@ -53,14 +53,6 @@ fn parse_dest(msg: &[u8]) -> Result<(u32, u32, [u8; 16])> {
     Ok((qpn, psn, gid))
 }
 
-fn gid_ip(g: &[u8; 16]) -> IpAddr {
-    if g[..10] == [0; 10] && g[10] == 0xff && g[11] == 0xff {
-        IpAddr::from([g[12], g[13], g[14], g[15]])
-    } else {
-        IpAddr::from(*g)
-    }
-}
-
 fn diag(dev: &Device, qpn: u32) -> String {
     format!(
         "{}; {:?}; {}; {:?}",
@@ -94,16 +86,7 @@ pub fn run(o: Options) -> Result<()> {
     )?;
     // RECVs may be posted from INIT on; rc_pingpong posts them before
     // connecting.
-    dev.dp.core.modify_qp(
-        qpn,
-        &crate::engine::QpAttr {
-            qp_state: Some(crate::engine::QpState::Init),
-            pkey_index: Some(0),
-            port_num: Some(1),
-            qp_access_flags: Some(Access(0)),
-            ..Default::default()
-        },
-    )?;
+    dev.dp.core.modify_qp(qpn, &QpAttr::init(Access(0)))?;
     let sg = [Sge {
         addr,
         length: o.size as u32,
@@ -169,13 +152,13 @@ pub fn run(o: Options) -> Result<()> {
         let (_, _, g) = parse_dest(&peer)?;
         let ip = match o.local_ip {
             Some(ip) => ip,
-            None => hostnet::local_addr_for(&o.iface, gid_ip(&g))?,
+            None => hostnet::local_addr_for(&o.iface, gid_to_ip(&g))?,
         };
         out = my_msg(ip);
         ip
     };
     let (rqpn, rpsn, rgid) = parse_dest(&peer)?;
-    let peer_ip = gid_ip(&rgid);
+    let peer_ip = gid_to_ip(&rgid);
     let peer_mac = hostnet::resolve_mac(&o.iface, peer_ip, Duration::from_secs(3))?;
     let path = Path {
         local_mac: dev.mac,

@@ -278,23 +278,9 @@ fn ip(args: &[&str]) -> Result<()> {
     sh(Command::new("ip").args(args))
 }
 
-fn demo(keep: bool) -> Result<()> {
-    let bin = build(false)?;
-    let ns = ["rdmademo-a".to_string(), "rdmademo-b".to_string()];
-    for n in &ns {
-        let _ = Command::new("ip")
-            .args(["netns", "del", n])
-            .stderr(Stdio::null())
-            .status();
-    }
-    let mut lab = Lab {
-        ns: ns.clone(),
-        pids: Vec::new(),
-        keep,
-    };
-    let addrs = ["10.88.0.1", "10.88.0.2"];
-    let devs = ["rdma-a", "rdma-b"];
-    for n in &ns {
+/// Two namespaces joined by a veth pair, addressed and up.
+fn veth_pair(ns: &[String; 2], devs: [&str; 2], addrs: [&str; 2]) -> Result<()> {
+    for n in ns {
         ip(&["netns", "add", n])?;
     }
     ip(&[
@@ -314,6 +300,26 @@ fn demo(keep: bool) -> Result<()> {
         ip(&["-n", &ns[i], "link", "set", devs[i], "up"])?;
         ip(&["-n", &ns[i], "link", "set", "lo", "up"])?;
     }
+    Ok(())
+}
+
+fn demo(keep: bool) -> Result<()> {
+    let bin = build(false)?;
+    let ns = ["rdmademo-a".to_string(), "rdmademo-b".to_string()];
+    for n in &ns {
+        let _ = Command::new("ip")
+            .args(["netns", "del", n])
+            .stderr(Stdio::null())
+            .status();
+    }
+    let mut lab = Lab {
+        ns: ns.clone(),
+        pids: Vec::new(),
+        keep,
+    };
+    let addrs = ["10.88.0.1", "10.88.0.2"];
+    let devs = ["rdma-a", "rdma-b"];
+    veth_pair(&ns, devs, addrs)?;
     println!(
         "== two hosts: {} ({}) <-veth-> {} ({})",
         ns[0], addrs[0], ns[1], addrs[1]
@@ -886,25 +892,7 @@ fn bench(quick: bool) -> Result<()> {
     };
     let addrs = ["10.89.0.1", "10.89.0.2"];
     let devs = ["rbench-a", "rbench-b"];
-    for n in &ns {
-        ip(&["netns", "add", n])?;
-    }
-    ip(&[
-        "link", "add", devs[0], "type", "veth", "peer", "name", devs[1],
-    ])?;
-    for i in 0..2 {
-        ip(&["link", "set", devs[i], "netns", &ns[i]])?;
-        ip(&[
-            "-n",
-            &ns[i],
-            "addr",
-            "add",
-            &format!("{}/24", addrs[i]),
-            "dev",
-            devs[i],
-        ])?;
-        ip(&["-n", &ns[i], "link", "set", devs[i], "up"])?;
-    }
+    veth_pair(&ns, devs, addrs)?;
     let out_dir = root().join("target/bench");
     std::fs::create_dir_all(&out_dir)?;
     let (lat_n, bw_n) = if quick {
