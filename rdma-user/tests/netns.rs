@@ -652,3 +652,74 @@ fn rc_pingpong_64k_wraps_every_ring() {
     assert!(cout.contains("200 iters in"), "{cout}");
     assert!(sout.contains("data check passed"), "{sout}");
 }
+
+/// The XDP firewall (`up --firewall`) drops RoCEv2 for QPNs that are not
+/// live and for a connected QP's packets from anyone but its peer, each
+/// under its own counter, while the connection keeps working.
+#[test]
+fn xdp_firewall_drops_dead_qpns_and_spoofed_sources() {
+    let _g = serial();
+    let mut lab = Lab::new(1500);
+    lab.up(0, &[]);
+    lab.up(1, &["--firewall"]);
+    let (_, a_l, _) = lab.mr(0, 4096, "all");
+    let (b_addr, b_l, b_r) = lab.mr(1, 4096, "all");
+    let (qa, qb) = lab.connect();
+    let inject = |frames: &[Vec<u8>]| {
+        let hexes: Vec<String> = frames.iter().map(|f| hex(f)).collect();
+        let mut args = vec!["inject", "--dev", &lab.dev[0]];
+        for h in &hexes {
+            args.push("--hex");
+            args.push(h);
+        }
+        let out = lab.exec(0, BIN, &args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let set_qpn = |f: &mut Vec<u8>, qpn: u32| {
+        f[14 + 20 + 8 + 5..14 + 20 + 8 + 8].copy_from_slice(&qpn.to_be_bytes()[1..])
+    };
+    let before = lab.ok(1, &["stats"]);
+    // A QPN nobody created.
+    let mut dead = frame(&lab, false, None, opcode::RC_RDMA_WRITE_ONLY, b"xxxxxxxx");
+    set_qpn(&mut dead, 0x7777);
+    // The live QP, but from a spoofed source address.
+    let mut spoofed = frame(&lab, false, None, opcode::RC_RDMA_WRITE_ONLY, b"xxxxxxxx");
+    set_qpn(&mut spoofed, qb as u32);
+    spoofed[14 + 15] = 0x63; // 10.66.n.99
+    fix_ip_csum(&mut spoofed);
+    // The live QP from the right address but another UDP source port.
+    let mut wrong_port = frame(&lab, false, None, opcode::RC_RDMA_WRITE_ONLY, b"xxxxxxxx");
+    set_qpn(&mut wrong_port, qb as u32);
+    inject(&[dead.clone(), dead, spoofed, wrong_port]);
+    std::thread::sleep(Duration::from_millis(300));
+    let after = lab.ok(1, &["stats"]);
+    let d = |k: &str| after["xdp"][k].as_u64().unwrap() - before["xdp"][k].as_u64().unwrap();
+    assert_eq!(d("drop_qpn_not_live"), 2, "{after}");
+    assert_eq!(d("drop_spoofed_source"), 2, "{after}");
+    // Nothing of it reached the QP; real traffic still flows.
+    let v = lab.ok(
+        0,
+        &[
+            "post",
+            "write",
+            "--qp",
+            &qa.to_string(),
+            "--key",
+            &a_l.to_string(),
+            "--data",
+            "0102030405060708",
+            "--remote-addr",
+            &b_addr.to_string(),
+            "--rkey",
+            &b_r.to_string(),
+        ],
+    );
+    assert_eq!(v["wc"]["status"], "success");
+    assert_eq!(lab.mr_bytes(1, b_l, 0, 8), [1, 2, 3, 4, 5, 6, 7, 8]);
+    let q = lab.ok(1, &["qp", "list"]);
+    assert_eq!(q["qps"][0]["stats"]["errors"], 0, "{q}");
+}

@@ -751,6 +751,42 @@ fn interop(quick: bool, keep_vm: bool, only: Option<&str>) -> Result<()> {
             });
         }
     }
+    if !quick {
+        // perftest clients in the VM against our bench server.
+        for (tool, ours, size) in [
+            ("send_lat", "send-lat", 2usize),
+            ("read_lat", "read-lat", 5000),
+            ("atomic_lat", "atomic-lat", 8),
+            ("write_bw", "write-bw", 5000),
+            ("read_bw", "read-bw", 65536),
+            ("send_bw", "send-bw", 5000),
+        ] {
+            let size_arg = if tool == "atomic_lat" {
+                String::new()
+            } else {
+                format!(" -s {size}")
+            };
+            cases.push(Case {
+                name: format!("ib_{tool}{size_arg} -n 20, rxe client"),
+                rxe: format!("ib_{tool} -d rxe0 -x 1{size_arg} -n 20 10.99.0.1"),
+                ours: format!("bench {ours} --dev rxehost0{size_arg} -n 20 --peer-timeout 60")
+                    .split_whitespace()
+                    .map(String::from)
+                    .collect(),
+                rxe_server: false,
+                ours_ok: if tool.contains("lat") {
+                    "[usec]"
+                } else {
+                    "[Gb/sec]"
+                },
+                rxe_ok: if tool.contains("lat") {
+                    "usec"
+                } else {
+                    "MsgRate"
+                },
+            });
+        }
+    }
     let mut results = Vec::new();
     for c in cases
         .iter()
@@ -765,6 +801,44 @@ fn interop(quick: bool, keep_vm: bool, only: Option<&str>) -> Result<()> {
         }
         results.push(r.is_ok());
     }
+    // Our packets must dissect without errors in Wireshark's InfiniBand
+    // dissector: capture one more exchange and ask tshark for malformed or
+    // error-level expert items.
+    let pcap = std::env::temp_dir().join("rdma-interop.pcap");
+    let _ = sh(Command::new(&script)
+        .args(["capture", "start"])
+        .arg(&pcap)
+        .args(["udp", "port", "4791"])
+        .stdout(Stdio::null()));
+    std::thread::sleep(Duration::from_millis(800));
+    let check = run_case(
+        &script,
+        &b,
+        &Case {
+            name: "capture".into(),
+            rxe: "ibv_rc_pingpong -d rxe0 -g 1 -s 4096 -n 20 -c".into(),
+            ours: "pingpong 10.99.0.2 --dev rxehost0 -s 4096 -n 20 -c"
+                .split_whitespace()
+                .map(String::from)
+                .collect(),
+            rxe_server: true,
+            ours_ok: "20 iters in",
+            rxe_ok: "20 iters in",
+        },
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let _ = sh(Command::new(&script)
+        .args(["capture", "stop"])
+        .stdout(Stdio::null()));
+    let tshark = check.and_then(|_| tshark_clean(&pcap));
+    match &tshark {
+        Ok(n) => println!(
+            "PASS  {:<55} {n} packets from us, 0 malformed/errors",
+            "tshark dissects our packets cleanly"
+        ),
+        Err(e) => println!("FAIL  {:<55} {e:#}", "tshark dissects our packets cleanly"),
+    }
+    results.push(tshark.is_ok());
     let passed = results.iter().filter(|&&x| x).count();
     println!(
         "interop: {} passed, {} failed ({} cases; VM boot {:.0} s, total {:.0} s)",
@@ -853,6 +927,30 @@ fn run_case(script: &Path, bin: &str, c: &Case) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Counts our RoCEv2 packets in a capture and fails on any malformed packet
+/// or error-level expert item tshark reports.
+fn tshark_clean(pcap: &Path) -> Result<usize> {
+    let count = |filter: &str| -> Result<usize> {
+        let out = Command::new("tshark")
+            .arg("-r")
+            .arg(pcap)
+            .args(["-Y", filter])
+            .stderr(Stdio::null())
+            .output()
+            .context("tshark is not installed: apt-get install tshark")?;
+        Ok(String::from_utf8_lossy(&out.stdout).lines().count())
+    };
+    let ours = count("ip.src == 10.99.0.1 && infiniband")?;
+    if ours == 0 {
+        bail!("no packets from us in the capture");
+    }
+    let bad = count("ip.src == 10.99.0.1 && (_ws.malformed || _ws.expert.severity >= error)")?;
+    if bad > 0 {
+        bail!("{bad} of our {ours} packets are malformed or carry errors in tshark");
+    }
+    Ok(ours)
 }
 
 /// The last meaningful line a tool printed (stderr first: errors go there).
