@@ -195,7 +195,7 @@ impl Default for Limits {
 pub struct Core {
     pub mem: MrTable,
     mr_backing: HashMap<u32, SharedMem>,
-    qps: HashMap<u32, QpSlot>,
+    qps: crate::mr::KeyMap<QpSlot>,
     cqs: HashMap<u32, Cq>,
     next_qpn: u32,
     next_cq: u32,
@@ -232,7 +232,7 @@ impl Core {
         Core {
             mem: MrTable::new(limits.max_mr, seed),
             mr_backing: HashMap::new(),
-            qps: HashMap::new(),
+            qps: crate::mr::KeyMap::default(),
             cqs: HashMap::new(),
             // rxe starts QPNs at 17; so do we (QP0/QP1 are special).
             next_qpn: 0x11,

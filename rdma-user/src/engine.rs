@@ -353,7 +353,9 @@ struct SendWqe {
     sges: [Sge; MAX_SGE],
     num_sge: u8,
     inline_len: u16,
-    inline: [u8; MAX_INLINE],
+    /// Slot of the inline payload in `Qp::inline_bufs` (kept out of the
+    /// WQE so that the WQE stays small: it is copied per packet sent).
+    inline_slot: u32,
     is_inline: bool,
     length: u32,
     imm: u32,
@@ -462,6 +464,8 @@ pub struct Qp {
     max_dest_rd_atomic: u8,
     // Requester / completer.
     sq: VecDeque<SendWqe>,
+    inline_bufs: Vec<[u8; MAX_INLINE]>,
+    post_seq: u64,
     next_psn: u32,
     cur: usize,
     cur_psn: u32,
@@ -543,6 +547,8 @@ impl Qp {
             max_rd_atomic: 1,
             max_dest_rd_atomic: 1,
             sq: VecDeque::with_capacity(cap_send),
+            inline_bufs: vec![[0u8; MAX_INLINE]; cap_send],
+            post_seq: 0,
             next_psn: 0,
             cur: 0,
             cur_psn: 0,
@@ -878,7 +884,7 @@ impl Qp {
             sges: [Sge::default(); MAX_SGE],
             num_sge: wr.sg_list.len() as u8,
             inline_len: 0,
-            inline: [0; MAX_INLINE],
+            inline_slot: 0,
             is_inline: false,
             length: 0,
             imm: wr.imm,
@@ -899,7 +905,11 @@ impl Qp {
                 if data.len() > MAX_INLINE {
                     return Err(PostError::InlineTooLong);
                 }
-                w.inline[..data.len()].copy_from_slice(data);
+                // WQEs retire in order and at most cap_send are queued, so
+                // a slot is free again by the time the counter wraps to it.
+                let slot = (self.post_seq % self.cap_send as u64) as usize;
+                self.inline_bufs[slot][..data.len()].copy_from_slice(data);
+                w.inline_slot = slot as u32;
                 w.inline_len = data.len() as u16;
                 w.is_inline = true;
                 w.num_sge = 0;
@@ -913,6 +923,7 @@ impl Qp {
         if wr.opcode.is_atomic() && (w.length != 8 || w.num_sge != 1) {
             return Err(PostError::BadAtomicLength);
         }
+        self.post_seq += 1;
         if self.state == QpState::Err {
             self.push_send_wc(&w, WcStatus::WrFlushErr, true);
             return Ok(());
@@ -1336,7 +1347,15 @@ impl Qp {
         }
         let hl = t.header_len();
         if plen > 0 {
-            Self::gather(&w, mem, self.pd, off as usize, &mut buf[hl..hl + plen]);
+            let inline = &self.inline_bufs[w.inline_slot as usize][..w.inline_len as usize];
+            Self::gather(
+                &w,
+                inline,
+                mem,
+                self.pd,
+                off as usize,
+                &mut buf[hl..hl + plen],
+            );
         }
         if psn_diff(psn, self.max_sent_psn) < 0 {
             self.stats.retransmits += 1;
@@ -1397,9 +1416,9 @@ impl Qp {
     }
 
     /// Copies `out.len()` bytes of the WQE's payload starting at `off`.
-    fn gather(w: &SendWqe, mem: &MrTable, pd: u32, mut off: usize, out: &mut [u8]) {
+    fn gather(w: &SendWqe, inline: &[u8], mem: &MrTable, pd: u32, mut off: usize, out: &mut [u8]) {
         if w.is_inline {
-            out.copy_from_slice(&w.inline[off..off + out.len()]);
+            out.copy_from_slice(&inline[off..off + out.len()]);
             return;
         }
         let mut done = 0;

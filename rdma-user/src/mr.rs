@@ -106,6 +106,28 @@ impl fmt::Display for AccessError {
 }
 impl std::error::Error for AccessError {}
 
+/// Hasher for u32 keys that are random already (rkeys, lkeys) or small
+/// (QPNs): one multiply instead of SipHash on every packet's lookup. Not
+/// exposed to untrusted key *choice* beyond lookups, which cannot grow a map.
+#[derive(Default, Clone, Copy)]
+pub struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.0 = (v as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+pub type KeyMap<V> = HashMap<u32, V, std::hash::BuildHasherDefault<KeyHasher>>;
+
 /// Where the bytes of a region live.
 pub enum Backing {
     /// Heap memory (tests, simulation).
@@ -172,8 +194,8 @@ pub struct Resolved {
 /// All memory regions of one device.
 pub struct MrTable {
     slots: Vec<Option<MemoryRegion>>,
-    by_lkey: HashMap<u32, usize>,
-    by_rkey: HashMap<u32, usize>,
+    by_lkey: KeyMap<usize>,
+    by_rkey: KeyMap<usize>,
     max_mr: usize,
     rng: u64,
 }
@@ -209,8 +231,8 @@ impl MrTable {
     pub fn new(max_mr: usize, seed: u64) -> MrTable {
         MrTable {
             slots: Vec::new(),
-            by_lkey: HashMap::new(),
-            by_rkey: HashMap::new(),
+            by_lkey: KeyMap::default(),
+            by_rkey: KeyMap::default(),
             max_mr,
             rng: seed ^ 0x9e37_79b9_7f4a_7c15,
         }

@@ -829,53 +829,51 @@ pub fn pad_for(len: usize) -> usize {
 /// class, flow label and hop limit; the UDP checksum; BTH byte 4 (resv8a).
 /// 64 bits of ones stand in for the absent LRH.
 pub fn icrc(l3: &[u8]) -> Result<u32> {
-    let mut h = crc32fast::Hasher::new();
-    h.update(&[0xff; 8]);
+    // The masked part (ones, IP, UDP, BTH) is assembled once and hashed in
+    // one call: crc32fast is fast on long inputs and slow on many short ones.
+    let mut pre = [0u8; 8 + 60 + UdpHdr::LEN + Bth::LEN];
+    pre[..8].fill(0xff);
     let ihl = match l3.first().map(|b| b >> 4) {
         Some(4) => {
             let ihl = ((l3[0] & 0xf) as usize) * 4;
             if ihl < Ipv4Hdr::LEN || l3.len() < ihl {
                 return Err(WireError::Truncated);
             }
-            let mut hdr = [0u8; 60];
-            hdr[..ihl].copy_from_slice(&l3[..ihl]);
-            hdr[1] = 0xff;
-            hdr[8] = 0xff;
-            hdr[10] = 0xff;
-            hdr[11] = 0xff;
-            h.update(&hdr[..ihl]);
+            let h = &mut pre[8..8 + ihl];
+            h.copy_from_slice(&l3[..ihl]);
+            h[1] = 0xff;
+            h[8] = 0xff;
+            h[10] = 0xff;
+            h[11] = 0xff;
             ihl
         }
         Some(6) => {
             if l3.len() < Ipv6Hdr::LEN {
                 return Err(WireError::Truncated);
             }
-            let mut hdr = [0u8; 40];
-            hdr.copy_from_slice(&l3[..40]);
-            hdr[0] |= 0x0f;
-            hdr[1] = 0xff;
-            hdr[2] = 0xff;
-            hdr[3] = 0xff;
-            hdr[7] = 0xff;
-            h.update(&hdr);
+            let h = &mut pre[8..8 + Ipv6Hdr::LEN];
+            h.copy_from_slice(&l3[..Ipv6Hdr::LEN]);
+            h[0] |= 0x0f;
+            h[1] = 0xff;
+            h[2] = 0xff;
+            h[3] = 0xff;
+            h[7] = 0xff;
             Ipv6Hdr::LEN
         }
         _ => return Err(WireError::BadIpHeader),
     };
-    let rest = &l3[ihl..];
-    if rest.len() < UdpHdr::LEN + Bth::LEN {
+    let n = ihl + UdpHdr::LEN + Bth::LEN;
+    if l3.len() < n {
         return Err(WireError::Truncated);
     }
-    let mut udp = [0u8; UdpHdr::LEN];
-    udp.copy_from_slice(&rest[..UdpHdr::LEN]);
-    udp[6] = 0xff;
-    udp[7] = 0xff;
-    h.update(&udp);
-    let mut bth = [0u8; Bth::LEN];
-    bth.copy_from_slice(&rest[UdpHdr::LEN..UdpHdr::LEN + Bth::LEN]);
-    bth[4] = 0xff;
-    h.update(&bth);
-    h.update(&rest[UdpHdr::LEN + Bth::LEN..]);
+    let t = &mut pre[8 + ihl..8 + n];
+    t.copy_from_slice(&l3[ihl..n]);
+    t[6] = 0xff; // UDP checksum
+    t[7] = 0xff;
+    t[UdpHdr::LEN + 4] = 0xff; // BTH resv8a
+    let mut h = crc32fast::Hasher::new();
+    h.update(&pre[..8 + n]);
+    h.update(&l3[n..]);
     Ok(h.finalize())
 }
 
