@@ -271,14 +271,7 @@ pub fn run(opts: UpOptions) -> Result<()> {
         let _ = dp.core.destroy_qp(qpn);
         let _ = before;
     }
-    let mut buf = [Wc {
-        wr_id: 0,
-        status: crate::engine::WcStatus::Success,
-        opcode: WcOpcode::Send,
-        byte_len: 0,
-        imm: None,
-        qp_num: 0,
-    }; 64];
+    let mut buf = [crate::standalone::NO_WC; 64];
     if let Ok(map) = ctl.qp_cq.lock() {
         for (_, (cq, _)) in map.iter() {
             if let Some(c) = dp.core.cq_mut(*cq) {
@@ -883,14 +876,7 @@ async fn wait_wcs(
         let fresh: Vec<Wc> = ctl
             .run(move |dp| {
                 let c = dp.core.cq_mut(cq).ok_or_else(|| anyhow!("CQ gone"))?;
-                let mut buf = [Wc {
-                    wr_id: 0,
-                    status: crate::engine::WcStatus::Success,
-                    opcode: WcOpcode::Send,
-                    byte_len: 0,
-                    imm: None,
-                    qp_num: 0,
-                }; 64];
+                let mut buf = [crate::standalone::NO_WC; 64];
                 let n = c.poll(&mut buf);
                 Ok(serde_json::to_value(
                     buf[..n].iter().map(WcJson::from).collect::<Vec<_>>(),
