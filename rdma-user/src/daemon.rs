@@ -267,9 +267,7 @@ pub fn run(opts: UpOptions) -> Result<()> {
         .map_err(|_| anyhow!("data path thread panicked"))?;
     let mut flushed = 0;
     for qpn in dp.core.qpns() {
-        let before = dp.core.stats.cq_overflows;
         let _ = dp.core.destroy_qp(qpn);
-        let _ = before;
     }
     let mut buf = [crate::standalone::NO_WC; 64];
     if let Ok(map) = ctl.qp_cq.lock() {

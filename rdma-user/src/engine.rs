@@ -496,7 +496,6 @@ pub struct Qp {
     in_msg: InMsg,
     nak_seq_sent: bool,
     pending_ack: Option<u32>,
-    last_resp_psn: Option<u32>,
     resp_q: VecDeque<Resp>,
     res: [RdAtomicRes; MAX_RD_ATOMIC as usize],
     res_next: usize,
@@ -568,7 +567,6 @@ impl Qp {
             in_msg: InMsg::None,
             nak_seq_sent: false,
             pending_ack: None,
-            last_resp_psn: None,
             resp_q: VecDeque::with_capacity(RESP_QUEUE_CAP),
             res: [RdAtomicRes::default(); MAX_RD_ATOMIC as usize],
             res_next: 0,
@@ -1198,7 +1196,6 @@ impl Qp {
                 }
                 None => 0,
             };
-            self.last_resp_psn = Some(psn);
             if self.pending_ack.is_some_and(|a| psn_diff(a, psn) <= 0) {
                 self.pending_ack = None;
             }
@@ -1217,7 +1214,6 @@ impl Qp {
             syndrome: syndrome::ACK_UNLIMITED,
             msn: self.msn,
         });
-        self.last_resp_psn = Some(psn);
         Some(Self::emit(&t, 0, buf))
     }
 

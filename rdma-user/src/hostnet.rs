@@ -32,12 +32,6 @@ pub fn iface_mac(iface: &str) -> Result<[u8; 6]> {
     parse_mac(&s)
 }
 
-pub fn iface_mtu(iface: &str) -> Result<u32> {
-    let p = format!("/sys/class/net/{iface}/mtu");
-    let s = std::fs::read_to_string(&p).with_context(|| format!("interface {iface} not found"))?;
-    Ok(s.trim().parse()?)
-}
-
 /// Addresses of an interface (IPv4 and global IPv6).
 pub fn iface_addrs(iface: &str) -> Result<Vec<IpAddr>> {
     let mut out = Vec::new();

@@ -92,17 +92,22 @@ pub fn run(o: Options) -> Result<()> {
         length: o.size as u32,
         lkey,
     }];
+    // rc_pingpong keeps rx_depth receives posted, refilling when one is left.
+    let refill = |dev: &mut Device, routs: &mut u32| -> Result<()> {
+        while *routs < o.rx_depth {
+            dev.dp.core.post_recv(
+                qpn,
+                &RecvWr {
+                    wr_id: RECV_WRID,
+                    sg_list: &sg,
+                },
+            )?;
+            *routs += 1;
+        }
+        Ok(())
+    };
     let mut routs = 0u32;
-    for _ in 0..o.rx_depth {
-        dev.dp.core.post_recv(
-            qpn,
-            &RecvWr {
-                wr_id: RECV_WRID,
-                sg_list: &sg,
-            },
-        )?;
-        routs += 1;
-    }
+    refill(&mut dev, &mut routs)?;
     let my_psn = dev.dp.core.random_psn();
 
     // Out-of-band exchange.
@@ -243,16 +248,7 @@ pub fn run(o: Options) -> Result<()> {
                 RECV_WRID => {
                     routs -= 1;
                     if routs <= 1 {
-                        while routs < o.rx_depth {
-                            dev.dp.core.post_recv(
-                                qpn,
-                                &RecvWr {
-                                    wr_id: RECV_WRID,
-                                    sg_list: &sg,
-                                },
-                            )?;
-                            routs += 1;
-                        }
+                        refill(&mut dev, &mut routs)?;
                     }
                     rcnt += 1;
                 }

@@ -268,14 +268,6 @@ impl Xsk {
         }
     }
 
-    fn chunk(&self, addr: u64, len: usize) -> &[u8] {
-        let off = addr as usize;
-        assert!(off + len <= self.mem.len(), "descriptor outside UMEM");
-        // SAFETY: within the mapping (checked), and the kernel handed this
-        // frame to us (RX ring) so it does not write it concurrently.
-        unsafe { std::slice::from_raw_parts(self.mem.as_ptr().add(off), len) }
-    }
-
     /// Tops up the fill ring from the free list; what does not fit stays.
     pub fn refill(&mut self) {
         let want = self.fill_target.min(self.free.len() as u32);
@@ -474,11 +466,6 @@ impl Xsk {
             self.rx_frames,
             self.tx_frames
         )
-    }
-
-    /// Bytes of UMEM chunk `addr` (for tests).
-    pub fn peek(&self, addr: u64, len: usize) -> &[u8] {
-        self.chunk(addr, len)
     }
 }
 

@@ -107,18 +107,7 @@ fn xsk_recv(lab: &Lab, count: usize, frames: &[Vec<u8>], extra: &[&str]) -> Recv
     let mut line = String::new();
     reader.read_line(&mut line).unwrap();
     assert_eq!(line.trim(), "ready", "xsk-recv did not start");
-    let hexes: Vec<String> = frames.iter().map(|f| hex(f)).collect();
-    let mut inj = vec!["inject", "--dev", &lab.dev[0]];
-    for h in &hexes {
-        inj.push("--hex");
-        inj.push(h);
-    }
-    let out = lab.exec(0, BIN, &inj);
-    assert!(
-        out.status.success(),
-        "inject: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    lab.inject(0, frames);
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut reader, &mut rest).unwrap();
     let _ = lab::wait_timeout(child, Duration::from_secs(10));
@@ -665,20 +654,6 @@ fn xdp_firewall_drops_dead_qpns_and_spoofed_sources() {
     let (_, a_l, _) = lab.mr(0, 4096, "all");
     let (b_addr, b_l, b_r) = lab.mr(1, 4096, "all");
     let (qa, qb) = lab.connect();
-    let inject = |frames: &[Vec<u8>]| {
-        let hexes: Vec<String> = frames.iter().map(|f| hex(f)).collect();
-        let mut args = vec!["inject", "--dev", &lab.dev[0]];
-        for h in &hexes {
-            args.push("--hex");
-            args.push(h);
-        }
-        let out = lab.exec(0, BIN, &args);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
     let set_qpn = |f: &mut Vec<u8>, qpn: u32| {
         f[14 + 20 + 8 + 5..14 + 20 + 8 + 8].copy_from_slice(&qpn.to_be_bytes()[1..])
     };
@@ -694,7 +669,7 @@ fn xdp_firewall_drops_dead_qpns_and_spoofed_sources() {
     // The live QP from the right address but another UDP source port.
     let mut wrong_port = frame(&lab, false, None, opcode::RC_RDMA_WRITE_ONLY, b"xxxxxxxx");
     set_qpn(&mut wrong_port, qb as u32);
-    inject(&[dead.clone(), dead, spoofed, wrong_port]);
+    lab.inject(0, &[dead.clone(), dead, spoofed, wrong_port]);
     std::thread::sleep(Duration::from_millis(300));
     let after = lab.ok(1, &["stats"]);
     let d = |k: &str| after["xdp"][k].as_u64().unwrap() - before["xdp"][k].as_u64().unwrap();

@@ -208,6 +208,22 @@ impl Lab {
         (qa, qb)
     }
 
+    /// Sends raw frames from host i's interface (AF_PACKET).
+    pub fn inject(&self, i: usize, frames: &[Vec<u8>]) {
+        let hexes: Vec<String> = frames.iter().map(|f| rdma_user::daemon::hex(f)).collect();
+        let mut args = vec!["inject", "--dev", &self.dev[i]];
+        for h in &hexes {
+            args.push("--hex");
+            args.push(h);
+        }
+        let out = self.exec(i, BIN, &args);
+        assert!(
+            out.status.success(),
+            "inject: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     pub fn mr_bytes(&self, i: usize, key: u64, off: u64, len: u64) -> Vec<u8> {
         let v = self.ok(
             i,
