@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 
-use crate::datapath::{gid_of, gid_to_ip, Path};
+use crate::datapath::{gid_of, gid_to_ip, Connect, Path};
 use crate::engine::{QpAttr, QpCap, RecvWr, SendWr, Sge, WcOpcode, WcStatus, WrOpcode};
 use crate::hostnet;
 use crate::mr::Access;
@@ -212,6 +212,45 @@ impl Oob {
     }
 }
 
+/// The side channel's TCP connection: connect to `server` (retrying until
+/// `timeout`), or accept one client on `port`.
+pub fn oob_connect(server: Option<IpAddr>, port: u16, timeout: Duration) -> Result<TcpStream> {
+    Ok(match server {
+        Some(ip) => {
+            let sa = SocketAddr::new(ip, port);
+            let start = Instant::now();
+            loop {
+                match TcpStream::connect_timeout(&sa, Duration::from_secs(1)) {
+                    Ok(s) => break s,
+                    Err(e) if start.elapsed() < timeout => {
+                        log::debug!("connect {sa}: {e}");
+                        std::thread::sleep(Duration::from_millis(200));
+                    }
+                    Err(e) => bail!("no perftest-style server at {sa} within {timeout:?}: {e}"),
+                }
+            }
+        }
+        None => {
+            let l = TcpListener::bind(("0.0.0.0", port))
+                .with_context(|| format!("listen on TCP port {port}"))?;
+            l.set_nonblocking(true)?;
+            let start = Instant::now();
+            loop {
+                match l.accept() {
+                    Ok((s, _)) => break s,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                        if start.elapsed() > timeout {
+                            bail!("no client connected within {timeout:?}");
+                        }
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+    })
+}
+
 pub fn run(o: Options) -> Result<Vec<Record>> {
     if o.test.is_lat() && o.duration.is_some() {
         bail!("-D applies to bandwidth tests; use -n ITERS for latency tests");
@@ -247,40 +286,7 @@ pub fn run(o: Options) -> Result<Vec<Record>> {
     dev.dp.core.modify_qp(qpn, &QpAttr::init(Access::ALL))?;
     let psn = dev.dp.core.random_psn();
 
-    let s = match o.server {
-        Some(ip) => {
-            let sa = SocketAddr::new(ip, o.port);
-            let start = Instant::now();
-            loop {
-                match TcpStream::connect_timeout(&sa, Duration::from_secs(1)) {
-                    Ok(s) => break s,
-                    Err(e) if start.elapsed() < timeout => {
-                        log::debug!("connect {sa}: {e}");
-                        std::thread::sleep(Duration::from_millis(200));
-                    }
-                    Err(e) => bail!("no perftest-style server at {sa} within {timeout:?}: {e}"),
-                }
-            }
-        }
-        None => {
-            let l = TcpListener::bind(("0.0.0.0", o.port))
-                .with_context(|| format!("listen on TCP port {}", o.port))?;
-            l.set_nonblocking(true)?;
-            let start = Instant::now();
-            loop {
-                match l.accept() {
-                    Ok((s, _)) => break s,
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                        if start.elapsed() > timeout {
-                            bail!("no client connected within {timeout:?}");
-                        }
-                        std::thread::sleep(Duration::from_millis(20));
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        }
-    };
+    let s = oob_connect(o.server, o.port, timeout)?;
     s.set_nodelay(true)?;
     let peer_addr = s.peer_addr()?.ip().to_canonical();
     let mut oob = Oob {
@@ -349,11 +355,10 @@ pub fn run(o: Options) -> Result<Vec<Record>> {
                     peer_ip,
                     vlan: None,
                 },
-                k.qpn,
-                k.psn,
-                psn,
-                mtu,
-                k.out_reads.clamp(1, 16) as u8,
+                &Connect {
+                    max_rd_atomic: k.out_reads.clamp(1, 16) as u8,
+                    ..Connect::new(k.qpn, k.psn, psn, mtu)
+                },
             )?;
             peer = Some(k);
         }

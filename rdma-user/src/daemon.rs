@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 
-use crate::datapath::{DataPath, Limits, Path};
+use crate::datapath::{Backoff, Connect, DataPath, Limits, Path};
 use crate::engine::{QpCap, RecvWr, SendFlags, SendWr, Sge, Wc, WcOpcode, WrOpcode};
 use crate::hostnet;
 use crate::mr::Access;
@@ -159,31 +159,15 @@ fn data_path_loop(
     if let Some(c) = cpu {
         pin_to_cpu(c);
     }
-    let mut idle: u32 = 0;
+    let mut backoff = Backoff::new(adaptive);
     while !stop.load(Ordering::Relaxed) {
         while let Ok((job, reply)) = jobs.try_recv() {
             let r = job(&mut dp);
             let _ = reply.send(r);
-            idle = 0;
+            backoff.reset();
         }
         let (work, next) = dp.poll();
-        if work {
-            idle = 0;
-            continue;
-        }
-        idle = idle.saturating_add(1);
-        if adaptive && idle > 256 {
-            // Sleep at most until the next engine timer, and never long:
-            // a packet arriving meanwhile waits in the RX ring.
-            let mut d = Duration::from_micros(50u64 << (idle / 1024).min(4));
-            if let Some(t) = next {
-                let now = dp.now();
-                d = d.min(Duration::from_nanos(t.saturating_sub(now)));
-            }
-            std::thread::sleep(d);
-        } else {
-            std::hint::spin_loop();
-        }
+        backoff.after_poll(dp.now(), work, next);
     }
     dp
 }
@@ -623,7 +607,14 @@ async fn connect_local(
         .run(move |dp| {
             let local_psn = psn.unwrap_or_else(|| dp.core.random_psn());
             dp.core
-                .connect_qp(qpn, path, remote_qpn, remote_psn, local_psn, mtu, 16)?;
+                .connect_qp(
+                    qpn,
+                    path,
+                    &Connect {
+                        max_rd_atomic: 16,
+                        ..Connect::new(remote_qpn, remote_psn, local_psn, mtu)
+                    },
+                )?;
             Ok(json!({"qpn": qpn, "psn": local_psn, "remote_qpn": remote_qpn, "remote_psn": remote_psn,
                       "local_ip": path.local_ip.to_string(), "peer_ip": path.peer_ip.to_string(), "mtu": mtu}))
         })

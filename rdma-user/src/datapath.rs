@@ -170,6 +170,34 @@ impl DpStats {
     }
 }
 
+/// What `connect_qp` needs besides the path. `Connect::new` gives
+/// perftest's and rc_pingpong's attributes (timeout 14, retry_cnt 7).
+#[derive(Debug, Clone, Copy)]
+pub struct Connect {
+    pub remote_qpn: u32,
+    pub remote_psn: u32,
+    pub local_psn: u32,
+    pub mtu: u32,
+    pub max_rd_atomic: u8,
+    /// Local ACK timeout exponent: 4.096 us * 2^timeout.
+    pub timeout: u8,
+    pub retry_cnt: u8,
+}
+
+impl Connect {
+    pub fn new(remote_qpn: u32, remote_psn: u32, local_psn: u32, mtu: u32) -> Connect {
+        Connect {
+            remote_qpn,
+            remote_psn,
+            local_psn,
+            mtu,
+            max_rd_atomic: 1,
+            timeout: 14,
+            retry_cnt: 7,
+        }
+    }
+}
+
 /// Limits of one device.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -389,19 +417,8 @@ impl Core {
         Ok(())
     }
 
-    /// RESET -> INIT -> RTR -> RTS against a remote QP, with perftest's and
-    /// rc_pingpong's attributes unless given.
-    #[allow(clippy::too_many_arguments)]
-    pub fn connect_qp(
-        &mut self,
-        qpn: u32,
-        path: Path,
-        remote_qpn: u32,
-        remote_psn: u32,
-        local_psn: u32,
-        mtu: u32,
-        max_rd_atomic: u8,
-    ) -> Result<()> {
+    /// RESET -> INIT -> RTR -> RTS against a remote QP.
+    pub fn connect_qp(&mut self, qpn: u32, path: Path, c: &Connect) -> Result<()> {
         let slot = self
             .qps
             .get_mut(&qpn)
@@ -413,23 +430,23 @@ impl Core {
         q.modify(&QpAttr {
             qp_state: Some(QpState::Rtr),
             dest_gid: Some(gid_of(path.peer_ip)),
-            path_mtu: Some(mtu),
-            dest_qp_num: Some(remote_qpn),
-            rq_psn: Some(remote_psn),
-            max_dest_rd_atomic: Some(max_rd_atomic),
+            path_mtu: Some(c.mtu),
+            dest_qp_num: Some(c.remote_qpn),
+            rq_psn: Some(c.remote_psn),
+            max_dest_rd_atomic: Some(c.max_rd_atomic),
             min_rnr_timer: Some(12),
             ..Default::default()
         })?;
         q.modify(&QpAttr {
             qp_state: Some(QpState::Rts),
-            sq_psn: Some(local_psn),
-            timeout: Some(14),
-            retry_cnt: Some(7),
+            sq_psn: Some(c.local_psn),
+            timeout: Some(c.timeout),
+            retry_cnt: Some(c.retry_cnt),
             rnr_retry: Some(7),
-            max_rd_atomic: Some(max_rd_atomic),
+            max_rd_atomic: Some(c.max_rd_atomic),
             ..Default::default()
         })?;
-        slot.net = Some(path.template(qpn, remote_qpn)?);
+        slot.net = Some(path.template(qpn, c.remote_qpn)?);
         slot.path = Some(path);
         Ok(())
     }
@@ -542,6 +559,42 @@ impl Core {
             Self::drain_wcs(slot, &mut self.cqs, &mut self.stats);
         }
         0
+    }
+}
+
+/// Adaptive polling: spin while packets move; once idle for a while, sleep
+/// in growing steps, never past the next engine timer and never long (a
+/// packet arriving meanwhile waits in the RX ring).
+pub struct Backoff {
+    adaptive: bool,
+    idle: u32,
+}
+
+impl Backoff {
+    pub fn new(adaptive: bool) -> Backoff {
+        Backoff { adaptive, idle: 0 }
+    }
+
+    pub fn reset(&mut self) {
+        self.idle = 0;
+    }
+
+    /// Call after each `DataPath::poll` with its result.
+    pub fn after_poll(&mut self, now: Nanos, work: bool, next: Option<Nanos>) {
+        if work {
+            self.idle = 0;
+            return;
+        }
+        self.idle = self.idle.saturating_add(1);
+        if self.adaptive && self.idle > 256 {
+            let mut d = std::time::Duration::from_micros(50u64 << (self.idle / 1024).min(4));
+            if let Some(t) = next {
+                d = d.min(std::time::Duration::from_nanos(t.saturating_sub(now)));
+            }
+            std::thread::sleep(d);
+        } else {
+            std::hint::spin_loop();
+        }
     }
 }
 

@@ -197,7 +197,7 @@ pub struct MrTable {
     by_lkey: KeyMap<usize>,
     by_rkey: KeyMap<usize>,
     max_mr: usize,
-    rng: u64,
+    rng: crate::rng::Rng,
 }
 
 /// Largest message the IBA allows.
@@ -234,7 +234,7 @@ impl MrTable {
             by_lkey: KeyMap::default(),
             by_rkey: KeyMap::default(),
             max_mr,
-            rng: seed ^ 0x9e37_79b9_7f4a_7c15,
+            rng: crate::rng::Rng(seed ^ 0x9e37_79b9_7f4a_7c15),
         }
     }
 
@@ -242,11 +242,7 @@ impl MrTable {
     /// rkey cannot be guessed from its neighbours.
     fn next_key(&mut self) -> u32 {
         loop {
-            self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = self.rng;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            let k = (z ^ (z >> 31)) as u32;
+            let k = self.rng.next() as u32;
             if k != 0 && !self.by_lkey.contains_key(&k) && !self.by_rkey.contains_key(&k) {
                 return k;
             }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use crate::datapath::{gid_of, gid_to_ip, Path};
+use crate::datapath::{gid_of, gid_to_ip, Connect, Path};
 use crate::engine::{QpAttr, QpCap, RecvWr, SendWr, Sge, WcStatus, WrOpcode};
 use crate::hostnet;
 use crate::mr::Access;
@@ -174,7 +174,7 @@ pub fn run(o: Options) -> Result<()> {
     };
     dev.dp
         .core
-        .connect_qp(qpn, path, rqpn, rpsn, my_psn, o.mtu, 1)?;
+        .connect_qp(qpn, path, &Connect::new(rqpn, rpsn, my_psn, o.mtu))?;
     if o.server.is_some() {
         // The client writes "done" after the server's reply.
         tcp.write_all(b"done\0")?;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 #[derive(Parser)]
 #[command(name = "xtask")]
@@ -53,6 +53,17 @@ enum Cmd {
         #[arg(long)]
         quick: bool,
     },
+    /// Verified mixed RDMA workload through the seeded impairment relay:
+    /// clean, 5 % loss, 5 % reordering, 1 % duplication, 0.1 % corruption,
+    /// and all combined; prints losses (must be 0) and goodput per fault.
+    Soak {
+        /// Operations per fault configuration.
+        #[arg(long, default_value_t = 100_000)]
+        ops: u64,
+        /// Seed of the relay and of the workload.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// Build and run `rdma` with these arguments.
     Run {
         #[arg(long)]
@@ -85,6 +96,7 @@ fn main() {
             only,
         } => prereqs(true, false).and_then(|_| interop(quick, keep_vm, only.as_deref())),
         Cmd::Bench { quick } => prereqs(true, false).and_then(|_| bench(quick)),
+        Cmd::Soak { ops, seed } => prereqs(true, false).and_then(|_| soak(ops, seed)),
         Cmd::Run { release, args } => prereqs(false, false).and_then(|_| run(release, &args)),
         Cmd::Setup { install } => prereqs(install, install),
     };
@@ -240,7 +252,7 @@ fn test(args: &[String]) -> Result<()> {
 
 /// Namespaces, veth and daemons of the demo; removed on drop, even on error.
 struct Lab {
-    ns: [String; 2],
+    ns: Vec<String>,
     pids: Vec<u32>,
     keep: bool,
 }
@@ -303,6 +315,36 @@ fn veth_pair(ns: &[String; 2], devs: [&str; 2], addrs: [&str; 2]) -> Result<()> 
     Ok(())
 }
 
+/// Host A - relay - host B: three namespaces, the relay's two veth ends
+/// without addresses.
+fn relay_topology(ns: &[String; 3], devs: [&str; 4], addrs: [&str; 2]) -> Result<()> {
+    for n in ns {
+        ip(&["netns", "add", n])?;
+    }
+    for (host, (hdev, rdev), addr) in [
+        (0, (devs[0], devs[1]), addrs[0]),
+        (2, (devs[3], devs[2]), addrs[1]),
+    ] {
+        ip(&["link", "add", hdev, "type", "veth", "peer", "name", rdev])?;
+        ip(&["link", "set", hdev, "netns", &ns[host]])?;
+        ip(&["link", "set", rdev, "netns", &ns[1]])?;
+        ip(&[
+            "-n",
+            &ns[host],
+            "addr",
+            "add",
+            &format!("{addr}/24"),
+            "dev",
+            hdev,
+        ])?;
+        for (n, d) in [(&ns[host], hdev), (&ns[1], rdev)] {
+            ip(&["-n", n, "link", "set", d, "up"])?;
+            ip(&["-n", n, "link", "set", "lo", "up"])?;
+        }
+    }
+    Ok(())
+}
+
 fn demo(keep: bool) -> Result<()> {
     let bin = build(false)?;
     let ns = ["rdmademo-a".to_string(), "rdmademo-b".to_string()];
@@ -313,7 +355,7 @@ fn demo(keep: bool) -> Result<()> {
             .status();
     }
     let mut lab = Lab {
-        ns: ns.clone(),
+        ns: ns.to_vec(),
         pids: Vec::new(),
         keep,
     };
@@ -984,7 +1026,7 @@ fn bench(quick: bool) -> Result<()> {
             .status();
     }
     let lab = Lab {
-        ns: ns.clone(),
+        ns: ns.to_vec(),
         pids: Vec::new(),
         keep: false,
     };
@@ -1111,6 +1153,175 @@ fn bench(quick: bool) -> Result<()> {
     std::fs::write(out_dir.join("summary.md"), &md)?;
     println!("{md}");
     println!("wrote target/bench/results.json and target/bench/summary.md");
+    Ok(())
+}
+
+/// Stops a child with SIGTERM (so it reports) and waits for it.
+fn terminate(child: &mut std::process::Child) -> Result<()> {
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while child.try_wait()?.is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+fn soak(ops: u64, seed: u64) -> Result<()> {
+    let bin = build(true)?;
+    let ns = [
+        "rdmasoak-a".to_string(),
+        "rdmasoak-r".to_string(),
+        "rdmasoak-b".to_string(),
+    ];
+    for n in &ns {
+        let _ = Command::new("ip")
+            .args(["netns", "del", n])
+            .stderr(Stdio::null())
+            .status();
+    }
+    let lab = Lab {
+        ns: ns.to_vec(),
+        pids: Vec::new(),
+        keep: false,
+    };
+    let devs = ["rsoak-a", "rsoak-ra", "rsoak-rb", "rsoak-b"];
+    let addrs = ["10.88.0.1", "10.88.0.2"];
+    relay_topology(&ns, devs, addrs)?;
+    let out_dir = root().join("target/soak");
+    std::fs::create_dir_all(&out_dir)?;
+    let configs: [(&str, &str); 6] = [
+        ("clean", ""),
+        ("loss 5%", "--loss 0.05"),
+        ("reorder 5%", "--reorder 0.05"),
+        ("dup 1%", "--dup 0.01"),
+        ("corrupt 0.1%", "--corrupt 0.001"),
+        (
+            "combined",
+            "--loss 0.05 --reorder 0.05 --dup 0.01 --corrupt 0.001",
+        ),
+    ];
+    let mut rows: Vec<Value> = Vec::new();
+    let mut failures = Vec::new();
+    for (k, (name, flags)) in configs.iter().enumerate() {
+        eprintln!("[{}/{}] {name}: {ops} operations", k + 1, configs.len());
+        let rj = out_dir.join("relay.json");
+        let cj = out_dir.join("client.json");
+        let _ = std::fs::remove_file(&rj);
+        let _ = std::fs::remove_file(&cj);
+        let mut relay = Command::new("ip")
+            .args(["netns", "exec", &ns[1]])
+            .arg(&bin)
+            .args(["--json", "relay", "--a", devs[1], "--b", devs[2]])
+            .args(["--seed", &seed.to_string(), "--stats-file"])
+            .arg(&rj)
+            .args(flags.split_whitespace())
+            .stdout(Stdio::null())
+            .spawn()?;
+        let mut server = Command::new("ip")
+            .args(["netns", "exec", &ns[2]])
+            .arg(&bin)
+            .args(["soak", "--dev", devs[3], "--seed", &seed.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        std::thread::sleep(Duration::from_millis(400));
+        let client = Command::new("ip")
+            .args(["netns", "exec", &ns[0]])
+            .arg(&bin)
+            .args(["soak", addrs[1], "--dev", devs[0], "-n", &ops.to_string()])
+            .args(["--seed", &seed.to_string(), "--json-file"])
+            .arg(&cj)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .status()?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline && server.try_wait()?.is_none() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = server.kill();
+        let sout = server.wait_with_output()?;
+        terminate(&mut relay)?;
+        let rep: Option<Value> = std::fs::read_to_string(&cj)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok());
+        let relay_rep: Value = std::fs::read_to_string(&rj)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or(Value::Null);
+        match rep {
+            Some(r) if client.success() => rows.push(json!({
+                "fault": name, "relay_flags": flags, "report": r, "relay": relay_rep
+            })),
+            other => {
+                failures.push(format!(
+                    "{name}: client {} {}; server: {}",
+                    client,
+                    other
+                        .map(|r| r["first_error"].to_string())
+                        .unwrap_or_default(),
+                    String::from_utf8_lossy(&sout.stderr).trim()
+                ));
+                rows.push(json!({"fault": name, "relay_flags": flags, "report": Value::Null, "relay": relay_rep}));
+            }
+        }
+    }
+    drop(lab);
+    std::fs::write(
+        out_dir.join("results.json"),
+        serde_json::to_string_pretty(&rows)?,
+    )?;
+    let clean_gbps = rows
+        .first()
+        .and_then(|r| r["report"]["goodput_gbps"].as_f64())
+        .unwrap_or(0.0);
+    let mut md = String::from(
+        "| fault | ops | verified | lost | dup | corrupt | s | goodput Gb/s | vs clean | retransmits | timeouts | relay drop/dup/corrupt/reorder |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in &rows {
+        let p = &r["report"];
+        let rel = |k: &str| {
+            r["relay"]["a_to_b"][k].as_u64().unwrap_or(0)
+                + r["relay"]["b_to_a"][k].as_u64().unwrap_or(0)
+        };
+        if p.is_null() {
+            md += &format!(
+                "| {} | FAILED | | | | | | | | | | |\n",
+                r["fault"].as_str().unwrap_or("")
+            );
+            continue;
+        }
+        let g = p["goodput_gbps"].as_f64().unwrap_or(0.0);
+        md +=
+            &format!(
+            "| {} | {} | {} | {} | {} | {} | {:.1} | {:.3} | {:+.0} % | {} | {} | {}/{}/{}/{} |\n",
+            r["fault"].as_str().unwrap_or(""),
+            p["ops"],
+            p["completed"],
+            p["lost"],
+            p["duplicated"],
+            p["corrupted"],
+            p["seconds"].as_f64().unwrap_or(0.0),
+            g,
+            if clean_gbps > 0.0 { (g / clean_gbps - 1.0) * 100.0 } else { 0.0 },
+            p["retransmits"],
+            p["timeouts"],
+            rel("dropped"),
+            rel("duplicated"),
+            rel("corrupted"),
+            rel("reordered"),
+        );
+    }
+    std::fs::write(out_dir.join("summary.md"), &md)?;
+    println!("{md}");
+    println!("wrote target/soak/results.json and target/soak/summary.md");
+    if !failures.is_empty() {
+        bail!("soak failed:\n{}", failures.join("\n"));
+    }
     Ok(())
 }
 

@@ -99,6 +99,15 @@ enum Cmd {
         #[arg(long)]
         engine: bool,
     },
+    /// Seeded impairment relay: forward every frame between two interfaces
+    /// and apply loss, reordering, duplication, corruption and delay to
+    /// RoCEv2 frames. Runs until SIGINT/SIGTERM, then prints its counters.
+    Relay(RelayArgs),
+    /// Verified mixed workload (WRITE, READ, SEND, atomics) through one RC
+    /// QP: server without SERVER, client with it. Every completion, byte
+    /// and atomic result is checked; exits non-zero on any loss, duplicate
+    /// or corruption.
+    Soak(SoakArgs),
     /// Send raw frames from this namespace (test tool).
     #[command(hide = true)]
     Inject {
@@ -122,6 +131,85 @@ enum Cmd {
         #[arg(long)]
         no_multi_buffer: bool,
     },
+}
+
+#[derive(Args)]
+struct SoakArgs {
+    server: Option<std::net::IpAddr>,
+    #[arg(long = "dev", short = 'd')]
+    dev: String,
+    #[arg(short = 'p', long, default_value_t = 18517)]
+    port: u16,
+    /// Operations to run (client).
+    #[arg(short = 'n', long, default_value_t = 100_000)]
+    ops: u64,
+    /// Seed of the operation mix and the data (client and server must agree).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Outstanding work requests.
+    #[arg(short = 't', long, default_value_t = 16)]
+    tx_depth: u32,
+    #[arg(short = 'm', long, default_value_t = 1024)]
+    mtu: u32,
+    /// Local ACK timeout exponent (4.096 us * 2^N).
+    #[arg(long, default_value_t = 12)]
+    ack_timeout: u8,
+    /// Busy-poll instead of sleeping when idle.
+    #[arg(long)]
+    spin: bool,
+    #[arg(long)]
+    cpu: Option<usize>,
+    /// Seconds to wait for the peer.
+    #[arg(long, default_value_t = 10)]
+    peer_timeout: u64,
+    /// Fail when no operation completes for this many seconds.
+    #[arg(long, default_value_t = 30)]
+    stall_timeout: u64,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    json_file: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct RelayArgs {
+    /// Side A interface.
+    #[arg(long)]
+    a: String,
+    /// Side B interface.
+    #[arg(long)]
+    b: String,
+    /// Loss probability per frame (0.05 = 5 %).
+    #[arg(long, default_value_t = 0.0)]
+    loss: f64,
+    /// Probability that a frame is held back behind later ones.
+    #[arg(long, default_value_t = 0.0)]
+    reorder: f64,
+    /// Frames a reordered frame is held behind.
+    #[arg(long, default_value_t = 3)]
+    reorder_gap: u32,
+    /// Duplication probability.
+    #[arg(long, default_value_t = 0.0)]
+    dup: f64,
+    /// Probability of one flipped bit in the RoCE part of the frame.
+    #[arg(long, default_value_t = 0.0)]
+    corrupt: f64,
+    /// Added one-way delay, microseconds.
+    #[arg(long, default_value_t = 0)]
+    delay_us: u64,
+    /// Random extra delay up to this many microseconds (reorders too).
+    #[arg(long, default_value_t = 0)]
+    jitter_us: u64,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Impair every frame, not only RoCEv2 (UDP 4791).
+    #[arg(long)]
+    all_traffic: bool,
+    /// Stop after this many seconds.
+    #[arg(long)]
+    seconds: Option<f64>,
+    /// Write the final counters as JSON here.
+    #[arg(long)]
+    stats_file: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -460,6 +548,45 @@ fn run(cli: Cli) -> Result<()> {
             local_ip,
         }),
         Cmd::Inject { dev, frames } => inject(&dev, &frames),
+        Cmd::Soak(a) => soak(a),
+        Cmd::Relay(r) => {
+            let cfg = rdma_user::impair::ImpairConfig {
+                loss: r.loss,
+                reorder: r.reorder,
+                dup: r.dup,
+                corrupt: r.corrupt,
+                delay_us: r.delay_us,
+                jitter_us: r.jitter_us,
+                reorder_gap: r.reorder_gap,
+                seed: r.seed,
+                roce_only: !r.all_traffic,
+                ..Default::default()
+            };
+            for (name, p) in [
+                ("loss", r.loss),
+                ("reorder", r.reorder),
+                ("dup", r.dup),
+                ("corrupt", r.corrupt),
+            ] {
+                if !(0.0..=1.0).contains(&p) {
+                    bail!("--{name} {p}: a probability between 0 and 1 (0.05 = 5 %)");
+                }
+            }
+            eprintln!("relay {} <-> {}: {}", r.a, r.b, cfg.describe());
+            let rep = rdma_user::relay::run(
+                &r.a,
+                &r.b,
+                cfg,
+                r.seconds.map(Duration::from_secs_f64),
+                !json,
+            )?;
+            let out = serde_json::to_string_pretty(&rep)?;
+            if let Some(f) = r.stats_file {
+                std::fs::write(&f, &out).with_context(|| format!("write {}", f.display()))?;
+            }
+            println!("{out}");
+            Ok(())
+        }
         Cmd::XskRecv {
             dev,
             count,
@@ -864,47 +991,54 @@ fn decode(file: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
+fn soak(a: SoakArgs) -> Result<()> {
+    let o = rdma_user::soak::Options {
+        iface: a.dev,
+        server: a.server,
+        port: a.port,
+        ops: a.ops,
+        seed: a.seed,
+        tx_depth: a.tx_depth,
+        mtu: a.mtu,
+        ack_timeout: a.ack_timeout,
+        adaptive: !a.spin,
+        cpu: a.cpu,
+        connect_timeout: Duration::from_secs(a.peer_timeout),
+        stall_timeout: Duration::from_secs(a.stall_timeout),
+        progress: true,
+    };
+    let (out, clean) = if o.server.is_some() {
+        let r = rdma_user::soak::run(&o)?;
+        eprintln!(
+            "soak: {} of {} operations in {:.2} s, {:.3} Gb/s goodput, {:.0} ops/s; lost {}, duplicated {}, corrupted {}, error WCs {}; {} retransmits, {} timeouts",
+            r.completed, r.ops, r.seconds, r.goodput_gbps, r.ops_per_sec, r.lost, r.duplicated, r.corrupted, r.error_wcs, r.retransmits, r.timeouts
+        );
+        if let Some(e) = &r.first_error {
+            eprintln!("soak: first error: {e}");
+        }
+        (serde_json::to_string_pretty(&r)?, r.clean())
+    } else {
+        let r = rdma_user::soak::serve(&o)?;
+        let clean = r.sends_out_of_order == 0 && r.sends_corrupted == 0 && r.recv_errors == 0;
+        (serde_json::to_string_pretty(&r)?, clean)
+    };
+    if let Some(f) = a.json_file {
+        std::fs::write(&f, &out).with_context(|| format!("write {}", f.display()))?;
+    }
+    println!("{out}");
+    if !clean {
+        bail!("the soak found lost, duplicated or corrupted operations (see above)");
+    }
+    Ok(())
+}
+
 /// Sends raw Ethernet frames through an AF_PACKET socket.
 fn inject(dev: &str, frames: &[String]) -> Result<()> {
-    let ifindex = {
-        let c = std::ffi::CString::new(dev)?;
-        // SAFETY: FFI with a valid C string.
-        unsafe { libc::if_nametoindex(c.as_ptr()) }
-    };
-    if ifindex == 0 {
-        bail!("interface {dev} not found");
-    }
-    // SAFETY: plain socket syscalls; errors checked.
-    unsafe {
-        let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0);
-        if fd < 0 {
-            bail!(
-                "AF_PACKET socket: {} (needs root)",
-                std::io::Error::last_os_error()
-            );
-        }
-        for h in frames {
-            let f = unhex(h)?;
-            let mut sll: libc::sockaddr_ll = std::mem::zeroed();
-            sll.sll_family = libc::AF_PACKET as u16;
-            sll.sll_ifindex = ifindex as i32;
-            sll.sll_halen = 6;
-            sll.sll_addr[..6].copy_from_slice(&f[..6]);
-            let n = libc::sendto(
-                fd,
-                f.as_ptr() as *const _,
-                f.len(),
-                0,
-                &sll as *const _ as *const libc::sockaddr,
-                std::mem::size_of::<libc::sockaddr_ll>() as u32,
-            );
-            if n < 0 {
-                let e = std::io::Error::last_os_error();
-                libc::close(fd);
-                bail!("send {} bytes on {dev}: {e}", f.len());
-            }
-        }
-        libc::close(fd);
+    let sock = rdma_user::packet::RawSocket::bind(dev, false)?;
+    for h in frames {
+        let f = unhex(h)?;
+        sock.send(&f)
+            .with_context(|| format!("send {} bytes on {dev}", f.len()))?;
     }
     Ok(())
 }

@@ -1,0 +1,424 @@
+//! Seeded network impairment, sans-IO: frames go in with the current time,
+//! come out (or not) later, possibly twice, reordered or with a flipped bit.
+//! The relay (`relay.rs`) drives it between two interfaces; tests drive it
+//! directly. The kernel here has no netem, so this is our netem.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use crate::rng::Rng;
+use crate::wire::ROCE_V2_UDP_PORT;
+
+/// Rates are probabilities per frame (0.05 = 5 %); times in microseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ImpairConfig {
+    pub loss: f64,
+    pub reorder: f64,
+    pub dup: f64,
+    pub corrupt: f64,
+    pub delay_us: u64,
+    pub jitter_us: u64,
+    /// A reordered frame is held back until this many later frames of the
+    /// same direction have passed it ...
+    pub reorder_gap: u32,
+    /// ... or this long, whichever comes first.
+    pub reorder_max_us: u64,
+    pub seed: u64,
+    /// Impair RoCEv2 (UDP 4791) frames only; everything else (ARP, ND, the
+    /// TCP side channels) passes untouched.
+    pub roce_only: bool,
+}
+
+impl Default for ImpairConfig {
+    fn default() -> Self {
+        ImpairConfig {
+            loss: 0.0,
+            reorder: 0.0,
+            dup: 0.0,
+            corrupt: 0.0,
+            delay_us: 0,
+            jitter_us: 0,
+            reorder_gap: 3,
+            reorder_max_us: 1000,
+            seed: 1,
+            roce_only: true,
+        }
+    }
+}
+
+impl ImpairConfig {
+    /// "loss=0.05,reorder=0.05,dup=0.01,corrupt=0.001,delay_us=20,seed=7"
+    pub fn describe(&self) -> String {
+        format!(
+            "loss={} reorder={} dup={} corrupt={} delay_us={} jitter_us={} seed={}",
+            self.loss,
+            self.reorder,
+            self.dup,
+            self.corrupt,
+            self.delay_us,
+            self.jitter_us,
+            self.seed
+        )
+    }
+}
+
+/// Counters of one direction.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirStats {
+    /// Frames received from this side.
+    pub rx: u64,
+    /// Frames that were eligible for impairment (RoCEv2 with roce_only).
+    pub impaired_class: u64,
+    pub dropped: u64,
+    pub duplicated: u64,
+    pub corrupted: u64,
+    pub reordered: u64,
+    /// Frames handed to the other side (duplicates count twice).
+    pub tx: u64,
+}
+
+/// Where the UDP payload of a RoCEv2 frame starts, or None for other
+/// frames. `f` starts at the Ethernet header.
+pub fn roce_payload_offset(f: &[u8]) -> Option<usize> {
+    let mut off = 12;
+    let mut et = u16::from_be_bytes(f.get(off..off + 2)?.try_into().ok()?);
+    off += 2;
+    while et == 0x8100 || et == 0x88a8 {
+        et = u16::from_be_bytes(f.get(off + 2..off + 4)?.try_into().ok()?);
+        off += 4;
+    }
+    let udp = match et {
+        0x0800 => {
+            let ihl = (*f.get(off)? & 0x0f) as usize * 4;
+            if *f.get(off + 9)? != 17 || ihl < 20 {
+                return None;
+            }
+            off + ihl
+        }
+        0x86dd => {
+            if *f.get(off + 6)? != 17 {
+                return None;
+            }
+            off + 40
+        }
+        _ => return None,
+    };
+    let dport = u16::from_be_bytes(f.get(udp + 2..udp + 4)?.try_into().ok()?);
+    (dport == ROCE_V2_UDP_PORT && f.len() > udp + 8).then_some(udp + 8)
+}
+
+struct Held {
+    buf: usize,
+    dir: usize,
+    remaining: u32,
+    deadline: u64,
+}
+
+/// The impairment state machine. Times are nanoseconds of any monotonic
+/// clock the caller chooses.
+pub struct Impairer {
+    cfg: ImpairConfig,
+    rng: Rng,
+    bufs: Vec<Vec<u8>>,
+    free: Vec<usize>,
+    /// (release time, sequence, buffer, direction).
+    due: BinaryHeap<Reverse<(u64, u64, usize, usize)>>,
+    held: VecDeque<Held>,
+    seq: u64,
+    pub stats: [DirStats; 2],
+}
+
+impl Impairer {
+    pub fn new(cfg: ImpairConfig) -> Impairer {
+        Impairer {
+            cfg,
+            rng: Rng(cfg.seed),
+            bufs: Vec::new(),
+            free: Vec::new(),
+            due: BinaryHeap::new(),
+            held: VecDeque::new(),
+            seq: 0,
+            stats: [DirStats::default(); 2],
+        }
+    }
+
+    pub fn config(&self) -> &ImpairConfig {
+        &self.cfg
+    }
+
+    fn copy_in(&mut self, frame: &[u8]) -> usize {
+        let i = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.bufs.push(Vec::new());
+                self.bufs.len() - 1
+            }
+        };
+        self.bufs[i].clear();
+        self.bufs[i].extend_from_slice(frame);
+        i
+    }
+
+    fn schedule(&mut self, at: u64, buf: usize, dir: usize) {
+        self.seq += 1;
+        self.due.push(Reverse((at, self.seq, buf, dir)));
+    }
+
+    /// A frame arrived from side `dir` (0 or 1) at `now`. `prefix` bytes
+    /// (a virtio-net header) precede the Ethernet header and are kept as is.
+    pub fn push(&mut self, now: u64, dir: usize, frame: &[u8], prefix: usize) {
+        let dir = dir & 1;
+        self.stats[dir].rx += 1;
+        let eth = frame.get(prefix..).unwrap_or(&[]);
+        let payload = roce_payload_offset(eth);
+        if self.cfg.roce_only && payload.is_none() {
+            let b = self.copy_in(frame);
+            self.schedule(now, b, dir);
+            self.stats[dir].tx += 1;
+            return;
+        }
+        self.stats[dir].impaired_class += 1;
+        if self.rng.chance(self.cfg.loss) {
+            self.stats[dir].dropped += 1;
+            return;
+        }
+        let b = self.copy_in(frame);
+        if self.rng.chance(self.cfg.corrupt) {
+            // A bit in the RoCE part (BTH..ICRC), where only the ICRC can
+            // catch it; IP/UDP damage would just look like loss.
+            let start = prefix + payload.unwrap_or(14);
+            let len = self.bufs[b].len();
+            if len > start {
+                let at = start + self.rng.below((len - start) as u64) as usize;
+                let bit = self.rng.below(8) as u8;
+                self.bufs[b][at] ^= 1 << bit;
+                self.stats[dir].corrupted += 1;
+            }
+        }
+        let mut at = now + self.cfg.delay_us * 1000;
+        if self.cfg.jitter_us > 0 {
+            at += self.rng.below(self.cfg.jitter_us * 1000 + 1);
+        }
+        let copies = if self.rng.chance(self.cfg.dup) {
+            self.stats[dir].duplicated += 1;
+            2
+        } else {
+            1
+        };
+        if self.rng.chance(self.cfg.reorder) {
+            self.stats[dir].reordered += 1;
+            self.held.push_back(Held {
+                buf: b,
+                dir,
+                remaining: self.cfg.reorder_gap.max(1),
+                deadline: at + self.cfg.reorder_max_us * 1000,
+            });
+            if copies == 2 {
+                let b2 = self.copy_in(&self.bufs[b].clone());
+                self.schedule(at, b2, dir);
+                self.stats[dir].tx += 1;
+            }
+            self.stats[dir].tx += 1;
+            return;
+        }
+        self.schedule(at, b, dir);
+        self.stats[dir].tx += 1;
+        if copies == 2 {
+            let b2 = self.copy_in(&self.bufs[b].clone());
+            self.schedule(at, b2, dir);
+            self.stats[dir].tx += 1;
+        }
+        // Frames held back in this direction have now been overtaken once.
+        let mut i = 0;
+        while i < self.held.len() {
+            if self.held[i].dir == dir {
+                self.held[i].remaining -= 1;
+                if self.held[i].remaining == 0 {
+                    let h = self.held.remove(i).expect("in range");
+                    self.schedule(at, h.buf, h.dir);
+                    continue;
+                }
+            }
+            i += 1;
+        }
+    }
+
+    /// The earliest time something is due.
+    pub fn next_deadline(&self) -> Option<u64> {
+        let d = self.due.peek().map(|Reverse((t, ..))| *t);
+        let h = self.held.iter().map(|h| h.deadline).min();
+        match (d, h) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Hands every frame due at `now` to `out(direction, frame)`; the
+    /// direction is the side it came from.
+    pub fn drain(&mut self, now: u64, mut out: impl FnMut(usize, &[u8])) {
+        let mut i = 0;
+        while i < self.held.len() {
+            if self.held[i].deadline <= now {
+                let h = self.held.remove(i).expect("in range");
+                self.schedule(h.deadline, h.buf, h.dir);
+            } else {
+                i += 1;
+            }
+        }
+        while let Some(Reverse((t, _, b, dir))) = self.due.peek().copied() {
+            if t > now {
+                break;
+            }
+            self.due.pop();
+            out(dir, &self.bufs[b]);
+            self.free.push(b);
+        }
+    }
+
+    /// Frames inside the impairer (scheduled or held).
+    pub fn in_flight(&self) -> usize {
+        self.due.len() + self.held.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::*;
+
+    fn roce_frame(psn: u32) -> Vec<u8> {
+        let mut repr = RoceRepr {
+            eth: EthernetRepr {
+                dst: [2, 0, 0, 0, 0, 2],
+                src: [2, 0, 0, 0, 0, 1],
+                vlan_tci: None,
+                ethertype: ETH_P_IPV4,
+            },
+            ip: IpRepr::V4(Ipv4Repr {
+                src: [10, 0, 0, 1],
+                dst: [10, 0, 0, 2],
+                ..Default::default()
+            }),
+            udp: UdpRepr {
+                src_port: 50000,
+                dst_port: ROCE_V2_UDP_PORT,
+                checksum: 0,
+            },
+            transport: TransportRepr::default(),
+        };
+        repr.transport.bth.opcode = rdma_common::opcode::RC_RDMA_WRITE_ONLY;
+        repr.transport.bth.psn = psn;
+        repr.transport.bth.dest_qpn = 0x11;
+        repr.transport.reth = Some(Default::default());
+        let mut buf = vec![0u8; 256];
+        let n = repr.emit(&[7u8; 64], &mut buf).unwrap();
+        buf.truncate(n);
+        buf
+    }
+
+    fn run(cfg: ImpairConfig, n: u32) -> (Vec<Vec<u8>>, Impairer) {
+        let mut imp = Impairer::new(cfg);
+        let mut out = Vec::new();
+        let mut now = 0;
+        for psn in 0..n {
+            imp.push(now, 0, &roce_frame(psn), 0);
+            now += 1000;
+            imp.drain(now, |_, f| out.push(f.to_vec()));
+        }
+        now += 10_000_000;
+        imp.drain(now, |_, f| out.push(f.to_vec()));
+        assert_eq!(imp.in_flight(), 0);
+        (out, imp)
+    }
+
+    fn psn_of(f: &[u8]) -> Option<u32> {
+        RoceRepr::parse(f).ok().map(|(r, _)| r.transport.bth.psn)
+    }
+
+    #[test]
+    fn clean_config_passes_everything_in_order() {
+        let (out, imp) = run(ImpairConfig::default(), 1000);
+        let psns: Vec<u32> = out.iter().map(|f| psn_of(f).unwrap()).collect();
+        assert_eq!(psns, (0..1000).collect::<Vec<_>>());
+        assert_eq!(imp.stats[0].tx, 1000);
+    }
+
+    #[test]
+    fn each_fault_happens_at_about_its_rate_and_is_counted() {
+        let cfg = ImpairConfig {
+            loss: 0.05,
+            reorder: 0.05,
+            dup: 0.01,
+            corrupt: 0.001,
+            seed: 42,
+            ..Default::default()
+        };
+        let n = 100_000;
+        let (out, imp) = run(cfg, n);
+        let s = imp.stats[0];
+        let near = |x: u64, p: f64| (x as f64 - p * n as f64).abs() < 0.15 * p * n as f64 + 10.0;
+        assert!(near(s.dropped, 0.05), "{s:?}");
+        assert!(near(s.reordered, 0.05 * 0.95), "{s:?}");
+        assert!(near(s.duplicated, 0.01 * 0.95), "{s:?}");
+        assert!(near(s.corrupted, 0.001 * 0.95), "{s:?}");
+        assert_eq!(out.len() as u64, s.tx);
+        assert_eq!(s.tx, n as u64 - s.dropped + s.duplicated);
+        // Corrupted frames fail the ICRC (a flip in BTH byte 4, which the
+        // ICRC masks, goes unnoticed: 1 bit in ~100), all others parse.
+        let bad = out.iter().filter(|f| psn_of(f).is_none()).count() as u64;
+        assert!(
+            bad <= s.corrupted * 2 && bad >= s.corrupted * 9 / 10,
+            "{bad} {s:?}"
+        );
+        let psns: Vec<u32> = out.iter().filter_map(|f| psn_of(f)).collect();
+        let inversions = psns.windows(2).filter(|w| w[1] < w[0]).count() as u64;
+        assert!(inversions > s.reordered / 2, "{inversions} {s:?}");
+    }
+
+    #[test]
+    fn a_seed_replays_exactly() {
+        let cfg = ImpairConfig {
+            loss: 0.1,
+            reorder: 0.1,
+            dup: 0.1,
+            corrupt: 0.1,
+            jitter_us: 5,
+            seed: 9,
+            ..Default::default()
+        };
+        let (a, _) = run(cfg, 2000);
+        let (b, _) = run(cfg, 2000);
+        assert_eq!(a, b);
+        let (c, _) = run(ImpairConfig { seed: 10, ..cfg }, 2000);
+        assert_ne!(a, c);
+    }
+
+    #[test]
+    fn non_roce_frames_pass_untouched_and_delay_holds_frames() {
+        let mut imp = Impairer::new(ImpairConfig {
+            loss: 1.0,
+            delay_us: 100,
+            ..Default::default()
+        });
+        let arp = vec![0xffu8; 60];
+        let mut out = Vec::new();
+        imp.push(0, 1, &arp, 0);
+        imp.push(0, 1, &roce_frame(1), 0);
+        imp.drain(0, |d, f| out.push((d, f.to_vec())));
+        assert_eq!(out, vec![(1, arp)]);
+        assert_eq!(imp.stats[1].dropped, 1);
+
+        let mut imp = Impairer::new(ImpairConfig {
+            delay_us: 100,
+            ..Default::default()
+        });
+        imp.push(0, 0, &roce_frame(1), 0);
+        let mut n = 0;
+        imp.drain(99_999, |_, _| n += 1);
+        assert_eq!((n, imp.next_deadline()), (0, Some(100_000)));
+        imp.drain(100_000, |_, _| n += 1);
+        assert_eq!(n, 1);
+    }
+}
