@@ -37,6 +37,8 @@ pub struct UpOptions {
     pub xdp_mode: XdpMode,
     pub queues: Option<u32>,
     pub frame_size: u32,
+    /// UMEM chunks per socket (RX and TX share them).
+    pub umem_frames: u32,
     pub multi_buffer: bool,
     pub zero_copy: bool,
     /// Sleep when idle instead of spinning.
@@ -192,6 +194,8 @@ pub fn run(opts: UpOptions) -> Result<()> {
             q,
             XskConfig {
                 frame_size: opts.frame_size,
+                frames: opts.umem_frames,
+                ring_size: (opts.umem_frames / 4).clamp(16, 2048).next_power_of_two(),
                 multi_buffer: opts.multi_buffer,
                 zero_copy: opts.zero_copy,
                 ..Default::default()
@@ -423,7 +427,12 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
                     let xsk: Vec<Value> = dp
                         .xsks
                         .iter()
-                        .map(|x| json!({"rx_frames": x.rx_frames, "tx_frames": x.tx_frames, "rx_oversize": x.rx_dropped_oversize}))
+                        .map(|x| {
+                            let k = x.kernel_stats();
+                            json!({"rx_frames": x.rx_frames, "tx_frames": x.tx_frames, "rx_oversize": x.rx_dropped_oversize,
+                                   "kernel_rx_dropped": k.rx_dropped, "kernel_rx_ring_full": k.rx_ring_full,
+                                   "kernel_rx_fill_ring_empty": k.rx_fill_ring_empty_descs})
+                        })
                         .collect();
                     Ok(json!({"datapath": dp.core.stats, "xsk": xsk}))
                 })
@@ -576,6 +585,7 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
                                 "tx": s.tx_packets, "rx": s.rx_packets, "retransmits": s.retransmits,
                                 "timeouts": s.timeouts, "seq_naks_sent": s.seq_naks_sent,
                                 "rnr_naks_sent": s.rnr_naks_sent, "duplicates": s.duplicates_received,
+                                "out_of_sequence": s.out_of_sequence_received,
                                 "errors": s.errors, "dropped": s.dropped
                             }
                         }))

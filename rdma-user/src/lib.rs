@@ -10,6 +10,7 @@ pub mod capture;
 pub mod daemon;
 pub mod datapath;
 pub mod engine;
+pub mod hostile;
 pub mod hostnet;
 pub mod impair;
 pub mod mr;

@@ -250,6 +250,12 @@ impl Xsk {
         Ok(x)
     }
 
+    /// The kernel's counters of this socket: frames it dropped because the
+    /// RX ring was full or the fill ring empty (UMEM exhausted).
+    pub fn kernel_stats(&self) -> xdpilone::xdp::XdpStatisticsV2 {
+        self.fq_cq.statistics_v2().unwrap_or_default()
+    }
+
     /// The socket's fd, for the XSKMAP.
     pub fn fd(&self) -> RawFd {
         self.user.as_raw_fd()

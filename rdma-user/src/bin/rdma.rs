@@ -108,6 +108,9 @@ enum Cmd {
     /// and atomic result is checked; exits non-zero on any loss, duplicate
     /// or corruption.
     Soak(SoakArgs),
+    /// Flood a victim QP with seeded hostile packets (test tool).
+    #[command(hide = true)]
+    Hostile(HostileArgs),
     /// Send raw frames from this namespace (test tool).
     #[command(hide = true)]
     Inject {
@@ -171,6 +174,39 @@ struct SoakArgs {
 }
 
 #[derive(Args)]
+struct HostileArgs {
+    #[arg(long = "dev")]
+    dev: String,
+    /// The victim host's address and MAC.
+    #[arg(long)]
+    dst_ip: std::net::IpAddr,
+    #[arg(long, value_parser = rdma_user::hostnet::parse_mac)]
+    dst_mac: [u8; 6],
+    /// Our address (the victim QP's connected peer).
+    #[arg(long)]
+    src_ip: std::net::IpAddr,
+    /// The QPN the victim is connected to (sets the UDP source port).
+    #[arg(long)]
+    peer_qpn: u32,
+    #[arg(long)]
+    qpn: u32,
+    #[arg(long)]
+    epsn: u32,
+    #[arg(long)]
+    rkey: u32,
+    #[arg(long)]
+    va: u64,
+    #[arg(long)]
+    mr_len: u32,
+    #[arg(long, default_value_t = 1024)]
+    mtu: u32,
+    #[arg(long, default_value_t = 1_000_000)]
+    count: u64,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+#[derive(Args)]
 struct RelayArgs {
     /// Side A interface.
     #[arg(long)]
@@ -225,6 +261,10 @@ struct UpArgs {
     /// UMEM chunk size (2048 or 4096).
     #[arg(long, default_value_t = 4096)]
     frame_size: u32,
+    /// UMEM chunks per AF_XDP socket (RX and TX share them; small values
+    /// exercise backpressure).
+    #[arg(long, default_value_t = 8192)]
+    umem_frames: u32,
     /// Disable multi-buffer (frames larger than a chunk are then dropped).
     #[arg(long)]
     no_multi_buffer: bool,
@@ -440,6 +480,7 @@ fn run(cli: Cli) -> Result<()> {
                 xdp_mode: a.xdp_mode,
                 queues: a.queues,
                 frame_size: a.frame_size,
+                umem_frames: a.umem_frames,
                 multi_buffer: !a.no_multi_buffer,
                 zero_copy: !a.copy,
                 adaptive: a.adaptive,
@@ -549,6 +590,7 @@ fn run(cli: Cli) -> Result<()> {
         }),
         Cmd::Inject { dev, frames } => inject(&dev, &frames),
         Cmd::Soak(a) => soak(a),
+        Cmd::Hostile(h) => hostile(h),
         Cmd::Relay(r) => {
             let cfg = rdma_user::impair::ImpairConfig {
                 loss: r.loss,
@@ -1029,6 +1071,60 @@ fn soak(a: SoakArgs) -> Result<()> {
     if !clean {
         bail!("the soak found lost, duplicated or corrupted operations (see above)");
     }
+    Ok(())
+}
+
+/// Sends `count` hostile frames as fast as the socket takes them; prints
+/// how many of each class went out.
+fn hostile(h: HostileArgs) -> Result<()> {
+    use rdma_user::hostile::{Generator, Target, CLASSES};
+    let sock = rdma_user::packet::RawSocket::bind(&h.dev, false)?;
+    let path = rdma_user::datapath::Path {
+        local_mac: rdma_user::hostnet::iface_mac(&h.dev)?,
+        peer_mac: h.dst_mac,
+        local_ip: h.src_ip,
+        peer_ip: h.dst_ip,
+        vlan: None,
+    };
+    let mut g = Generator::new(
+        Target {
+            net: path.template(h.peer_qpn, h.qpn)?,
+            qpn: h.qpn,
+            epsn: h.epsn,
+            rkey: h.rkey,
+            va: h.va,
+            mr_len: h.mr_len,
+            unknown_qpn: 0x00ab_cdef,
+            mtu: h.mtu,
+        },
+        h.seed,
+    );
+    let mut sent = std::collections::HashMap::new();
+    let mut buf = vec![0u8; 9216];
+    let start = Instant::now();
+    for _ in 0..h.count {
+        let (c, n) = g.next(&mut buf);
+        sock.send(&buf[..n]).context("send")?;
+        *sent.entry(c).or_insert(0u64) += 1;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let by_class: serde_json::Map<String, Value> = CLASSES
+        .iter()
+        .map(|c| {
+            (
+                serde_json::to_value(c)
+                    .unwrap()
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+                Value::from(*sent.get(c).unwrap_or(&0)),
+            )
+        })
+        .collect();
+    println!(
+        "{}",
+        serde_json::json!({"sent": h.count, "seconds": secs, "pps": h.count as f64 / secs, "by_class": by_class})
+    );
     Ok(())
 }
 

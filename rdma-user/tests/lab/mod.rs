@@ -25,6 +25,8 @@ pub struct Lab {
     pub dev: [String; 2],
     pub addr: [String; 2],
     pub daemons: [Option<Child>; 2],
+    /// With a relay: its namespace and its two interfaces (towards A, B).
+    pub relay: Option<(String, [String; 2])>,
 }
 
 fn ip(args: &[&str]) {
@@ -34,24 +36,53 @@ fn ip(args: &[&str]) {
 
 impl Lab {
     pub fn new(mtu: u32) -> Lab {
+        let lab = Lab::new_empty();
+        Self::build(lab, mtu, false)
+    }
+
+    /// Host A - relay namespace - host B; frames between A and B pass the
+    /// relay's two interfaces (see `start_relay`).
+    pub fn with_relay(mtu: u32) -> Lab {
+        let mut lab = Lab::new_empty();
+        let tag = lab.ns[0].trim_end_matches("-a").to_string();
+        let rdev = [format!("{}ra", lab.dev[0]), format!("{}rb", lab.dev[0])];
+        lab.relay = Some((format!("{tag}-r"), rdev));
+        Self::build(lab, mtu, true)
+    }
+
+    fn new_empty() -> Lab {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let pid = std::process::id() % 100000;
         let tag = format!("{pid}x{n}");
-        let ns = [format!("rt-{tag}-a"), format!("rt-{tag}-b")];
-        let dev = [format!("rt{tag}a"), format!("rt{tag}b")];
-        let addr = [format!("10.66.{n}.1"), format!("10.66.{n}.2")];
-        let lab = Lab {
-            ns: ns.clone(),
-            dev: dev.clone(),
-            addr: addr.clone(),
+        Lab {
+            ns: [format!("rt-{tag}-a"), format!("rt-{tag}-b")],
+            dev: [format!("rt{tag}a"), format!("rt{tag}b")],
+            addr: [format!("10.66.{n}.1"), format!("10.66.{n}.2")],
             daemons: [None, None],
-        };
+            relay: None,
+        }
+    }
+
+    fn build(lab: Lab, mtu: u32, relayed: bool) -> Lab {
+        let (ns, dev, addr) = (lab.ns.clone(), lab.dev.clone(), lab.addr.clone());
         for s in &ns {
             ip(&["netns", "add", s]);
         }
-        ip(&[
-            "link", "add", &dev[0], "type", "veth", "peer", "name", &dev[1],
-        ]);
+        if let (true, Some((rns, rdev))) = (relayed, &lab.relay) {
+            ip(&["netns", "add", rns]);
+            for i in 0..2 {
+                ip(&[
+                    "link", "add", &dev[i], "type", "veth", "peer", "name", &rdev[i],
+                ]);
+                ip(&["link", "set", &rdev[i], "netns", rns]);
+                ip(&["-n", rns, "link", "set", &rdev[i], "mtu", &mtu.to_string()]);
+                ip(&["-n", rns, "link", "set", &rdev[i], "up"]);
+            }
+        } else {
+            ip(&[
+                "link", "add", &dev[0], "type", "veth", "peer", "name", &dev[1],
+            ]);
+        }
         for i in 0..2 {
             ip(&["link", "set", &dev[i], "netns", &ns[i]]);
             ip(&[
@@ -76,6 +107,22 @@ impl Lab {
             ip(&["-n", &ns[i], "link", "set", "lo", "up"]);
         }
         lab
+    }
+
+    /// Starts `rdma relay` between A and B with these impairment flags;
+    /// stop it with `stop_relay` to read its counters.
+    pub fn start_relay(&self, flags: &[&str]) -> Child {
+        let (rns, rdev) = self.relay.as_ref().expect("a lab with a relay");
+        let c = Command::new("ip")
+            .args(["netns", "exec", rns, BIN, "--json", "relay"])
+            .args(["--a", &rdev[0], "--b", &rdev[1]])
+            .args(flags)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start relay");
+        std::thread::sleep(Duration::from_millis(200));
+        c
     }
 
     pub fn exec(&self, i: usize, prog: &str, args: &[&str]) -> Output {
@@ -279,11 +326,26 @@ impl Drop for Lab {
                 let _ = wait_timeout(c, Duration::from_secs(5));
             }
         }
-        for s in &self.ns {
+        let relay_ns = self.relay.as_ref().map(|r| r.0.clone());
+        for s in self.ns.iter().chain(relay_ns.iter()) {
             let _ = Command::new("ip")
                 .args(["netns", "del", s])
                 .stderr(Stdio::null())
                 .status();
         }
     }
+}
+
+/// SIGTERM the relay and return its final counters.
+pub fn stop_relay(c: Child) -> Value {
+    let _ = Command::new("kill")
+        .args(["-TERM", &c.id().to_string()])
+        .status();
+    let out = wait_timeout(c, Duration::from_secs(5));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "relay report: {e}; stderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
 }

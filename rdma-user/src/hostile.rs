@@ -1,0 +1,221 @@
+//! Seeded hostile-packet generator: malformed frames, bad opcode sequences,
+//! memory violations, bad PSNs and misaddressed packets aimed at one victim
+//! QP. The flood test and the parser+engine fuzzer feed it to a receiver;
+//! every packet must be dropped (and counted) or NAKed, never applied.
+
+use serde::Serialize;
+
+use crate::rng::Rng;
+use crate::wire::*;
+use rdma_common::opcode;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Class {
+    /// Cut short inside the RoCE headers (IP/UDP lengths claim more).
+    Truncated,
+    BadIcrc,
+    /// Pad count larger than the payload.
+    BadPad,
+    UnknownOpcode,
+    MiddleWithoutFirst,
+    LastAfterOnly,
+    WrongRkey,
+    VaOutsideMr,
+    /// RETH DMA length beyond the MR, or at/above 2^31.
+    DmaLenTooLarge,
+    /// READ request longer than the MR or at/above 2^31.
+    ReadTooLarge,
+    UnalignedAtomic,
+    PsnFarAhead,
+    PsnFarBehind,
+    UnknownQpn,
+    /// Right QPN and rkey, wrong source address or UDP port.
+    SpoofedSource,
+}
+
+pub const CLASSES: [Class; 15] = [
+    Class::Truncated,
+    Class::BadIcrc,
+    Class::BadPad,
+    Class::UnknownOpcode,
+    Class::MiddleWithoutFirst,
+    Class::LastAfterOnly,
+    Class::WrongRkey,
+    Class::VaOutsideMr,
+    Class::DmaLenTooLarge,
+    Class::ReadTooLarge,
+    Class::UnalignedAtomic,
+    Class::PsnFarAhead,
+    Class::PsnFarBehind,
+    Class::UnknownQpn,
+    Class::SpoofedSource,
+];
+
+/// What the attacker knows: everything a legitimate peer would (it sees
+/// the traffic), so each packet fails on exactly the check it targets.
+#[derive(Debug, Clone, Copy)]
+pub struct Target {
+    /// Headers as the connected peer sends them (addresses, UDP port).
+    pub net: RoceRepr,
+    pub qpn: u32,
+    /// The victim's expected PSN.
+    pub epsn: u32,
+    pub rkey: u32,
+    pub va: u64,
+    pub mr_len: u32,
+    /// A QPN that does not exist on the victim's host.
+    pub unknown_qpn: u32,
+    /// Path MTU: FIRST and MIDDLE packets must be this long to get past the
+    /// length checks to the check they target.
+    pub mtu: u32,
+}
+
+pub struct Generator {
+    t: Target,
+    rng: Rng,
+    payload: Vec<u8>,
+}
+
+impl Generator {
+    pub fn new(t: Target, seed: u64) -> Generator {
+        let mut rng = Rng(seed);
+        let mut payload = vec![0u8; 4096];
+        rng.fill(&mut payload);
+        Generator { t, rng, payload }
+    }
+
+    /// A random class and its frame in `buf` (room for an MTU-sized packet).
+    pub fn next(&mut self, buf: &mut [u8]) -> (Class, usize) {
+        let c = CLASSES[self.rng.below(CLASSES.len() as u64) as usize];
+        (c, self.frame(c, buf))
+    }
+
+    /// One frame of class `c`; returns its length.
+    pub fn frame(&mut self, c: Class, buf: &mut [u8]) -> usize {
+        let t = self.t;
+        let mut r = t.net;
+        r.transport = TransportRepr::default();
+        let b = &mut r.transport.bth;
+        b.opcode = opcode::RC_RDMA_WRITE_ONLY;
+        b.dest_qpn = t.qpn;
+        b.psn = t.epsn;
+        b.pkey = 0xffff;
+        b.ack_req = true;
+        let mut reth = RethRepr {
+            va: t.va,
+            rkey: t.rkey,
+            dma_len: 0,
+        };
+        let rnd = self.rng.next();
+        let mut len = 1 + (rnd % 64) as usize;
+        match c {
+            // Emitted as a WRITE_ONLY, patched after emission.
+            Class::Truncated | Class::BadIcrc | Class::BadPad | Class::UnknownOpcode => {}
+            Class::MiddleWithoutFirst => {
+                b.opcode = if rnd & 1 == 0 {
+                    opcode::RC_SEND_MIDDLE
+                } else {
+                    opcode::RC_RDMA_WRITE_MIDDLE
+                };
+                len = t.mtu as usize;
+            }
+            Class::LastAfterOnly => {
+                b.opcode = if rnd & 1 == 0 {
+                    opcode::RC_SEND_LAST
+                } else {
+                    opcode::RC_RDMA_WRITE_LAST
+                };
+            }
+            Class::WrongRkey => reth.rkey ^= 1 + (rnd >> 32) as u32 % 0xffff_fffe,
+            Class::VaOutsideMr => {
+                reth.va = if rnd & 1 == 0 {
+                    t.va + t.mr_len as u64 - (len as u64 / 2).max(1) + 1
+                } else {
+                    t.va.wrapping_sub(1 + (rnd >> 40))
+                };
+            }
+            Class::DmaLenTooLarge => {
+                b.opcode = opcode::RC_RDMA_WRITE_FIRST;
+                len = t.mtu as usize;
+                reth.dma_len = if rnd & 1 == 0 {
+                    t.mr_len + 1 + (rnd >> 48) as u32
+                } else {
+                    0x8000_0000 | (rnd >> 33) as u32
+                };
+            }
+            Class::ReadTooLarge => {
+                b.opcode = opcode::RC_RDMA_READ_REQUEST;
+                len = 0;
+                reth.dma_len = if rnd & 1 == 0 {
+                    t.mr_len + 1 + (rnd >> 48) as u32
+                } else {
+                    0x8000_0000 | (rnd >> 33) as u32
+                };
+            }
+            Class::UnalignedAtomic => {
+                b.opcode = if rnd & 1 == 0 {
+                    opcode::RC_FETCH_ADD
+                } else {
+                    opcode::RC_COMPARE_SWAP
+                };
+                len = 0;
+                r.transport.atomic_eth = Some(AtomicEthRepr {
+                    va: t.va + 1 + (rnd >> 8) % 7,
+                    rkey: t.rkey,
+                    swap_add: 1,
+                    compare: 0,
+                });
+            }
+            Class::PsnFarAhead => b.psn = psn_add(t.epsn, (1 << 20) + (rnd >> 44) as u32),
+            Class::PsnFarBehind => {
+                b.psn = psn_add(t.epsn, (1u32 << 24) - (1 << 20) - (rnd >> 44) as u32)
+            }
+            Class::UnknownQpn => b.dest_qpn = t.unknown_qpn,
+            Class::SpoofedSource => {
+                if rnd & 1 == 0 {
+                    r.udp.src_port ^= 1 + (rnd >> 16) as u16 % 0xfffe;
+                } else {
+                    match &mut r.ip {
+                        IpRepr::V4(ip) => ip.src[3] ^= 1 + (rnd >> 24) as u8 % 0xfe,
+                        IpRepr::V6(ip) => ip.src[15] ^= 1 + (rnd >> 24) as u8 % 0xfe,
+                    }
+                }
+            }
+        }
+        let flags = rdma_common::opcode_flags(r.transport.bth.opcode);
+        if flags & rdma_common::op::RETH != 0 {
+            if reth.dma_len == 0 && c != Class::ReadTooLarge {
+                reth.dma_len = len as u32;
+            }
+            r.transport.reth = Some(reth);
+        }
+        if c == Class::BadPad {
+            len = 0;
+            r.transport.reth = Some(RethRepr { dma_len: 0, ..reth });
+        }
+        let payload = &self.payload[..len];
+        let n = r.emit(payload, buf).expect("buffer large enough");
+        let hl = r.net_header_len();
+        match c {
+            Class::Truncated => {
+                // Keep the UDP header (so it is RoCEv2 to the classifier),
+                // cut somewhere before the end.
+                return hl + (rnd >> 20) as usize % (n - hl);
+            }
+            Class::BadIcrc => {
+                buf[n - 1 - (rnd >> 8) as usize % 4] ^= 1 << ((rnd >> 16) % 8);
+                return n;
+            }
+            Class::BadPad => buf[hl + 1] |= (1 + (rnd >> 8) as u8 % 3) << 4,
+            Class::UnknownOpcode => {
+                // Holes of the RC range and unassigned transport classes.
+                const UNKNOWN: [u8; 6] = [0x15, 0x18, 0x3f, 0x60, 0x9f, 0xe0];
+                buf[hl] = UNKNOWN[(rnd >> 8) as usize % UNKNOWN.len()];
+            }
+            _ => return n,
+        }
+        r.emit_net_and_icrc(buf, n - hl).expect("same length");
+        n
+    }
+}

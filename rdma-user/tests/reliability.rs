@@ -1,0 +1,388 @@
+//! Reliability in namespaces: the verified soak workload through the seeded
+//! impairment relay, hostile-packet floods, UMEM exhaustion. Root only;
+//! serialized (two cores: one pair of data paths at a time).
+
+mod lab;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use lab::{serial, stop_relay, wait_timeout, Lab, BIN};
+use serde_json::Value;
+
+/// Runs the soak client on A against a soak server on B; returns the
+/// client's report.
+fn soak(lab: &Lab, ops: u64, seed: u64) -> Value {
+    let server = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &lab.ns[1],
+            BIN,
+            "soak",
+            "--dev",
+            &lab.dev[1],
+        ])
+        .args(["--seed", &seed.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("soak server");
+    std::thread::sleep(Duration::from_millis(300));
+    let client = lab.exec(
+        0,
+        BIN,
+        &[
+            "soak",
+            &lab.addr[1],
+            "--dev",
+            &lab.dev[0],
+            "-n",
+            &ops.to_string(),
+            "--seed",
+            &seed.to_string(),
+            "--stall-timeout",
+            "20",
+        ],
+    );
+    let s = wait_timeout(server, Duration::from_secs(10));
+    let rep: Value = serde_json::from_slice(&client.stdout).unwrap_or_else(|e| {
+        panic!(
+            "soak client: {e}\nclient: {}\nserver: {}",
+            String::from_utf8_lossy(&client.stderr),
+            String::from_utf8_lossy(&s.stderr)
+        )
+    });
+    assert!(
+        client.status.success(),
+        "soak failed: {}\n{}",
+        rep["first_error"],
+        String::from_utf8_lossy(&client.stderr)
+    );
+    rep
+}
+
+#[test]
+fn soak_through_the_relay_with_every_fault_loses_nothing() {
+    let _g = serial();
+    let lab = Lab::with_relay(1500);
+    let relay = lab.start_relay(&[
+        "--loss",
+        "0.05",
+        "--reorder",
+        "0.05",
+        "--dup",
+        "0.02",
+        "--corrupt",
+        "0.005",
+        "--jitter-us",
+        "20",
+        "--seed",
+        "11",
+    ]);
+    let rep = soak(&lab, 3000, 5);
+    let r = stop_relay(relay);
+    for k in ["lost", "duplicated", "corrupted", "error_wcs"] {
+        assert_eq!(rep[k], 0, "{k}: {rep}");
+    }
+    assert_eq!(rep["completed"], 3000);
+    assert_eq!(rep["final_area_checked"], true);
+    assert_eq!(rep["server"]["sends_received"], rep["sends"]);
+    assert!(rep["retransmits"].as_u64().unwrap() > 0, "{rep}");
+    // Every kind of fault really happened, in both directions together.
+    for k in ["dropped", "duplicated", "corrupted", "reordered"] {
+        let n = r["a_to_b"][k].as_u64().unwrap() + r["b_to_a"][k].as_u64().unwrap();
+        assert!(n > 0, "relay never {k}: {r}");
+    }
+}
+
+#[test]
+fn relay_passes_other_traffic_untouched_and_counts_roce() {
+    let _g = serial();
+    let lab = Lab::with_relay(1500);
+    // 100 % RoCE loss: ping and TCP (the soak's side channel) still pass.
+    let relay = lab.start_relay(&["--loss", "1.0"]);
+    let out = lab.exec(
+        0,
+        "ping",
+        &["-c", "3", "-i", "0.2", "-W", "2", &lab.addr[1]],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let r = stop_relay(relay);
+    assert_eq!(r["a_to_b"]["impaired_class"], 0, "{r}");
+    assert!(r["a_to_b"]["tx"].as_u64().unwrap() >= 3, "{r}");
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or(0)
+}
+
+/// Sum of the named counters of `stats` (XDP, data path and kernel socket
+/// counters) between two snapshots.
+fn delta(before: &Value, after: &Value, section: &str, keys: &[&str]) -> u64 {
+    keys.iter()
+        .map(|k| {
+            let get = |v: &Value| -> u64 {
+                match section {
+                    "xsk" => v["xsk"].as_array().unwrap().iter().map(|x| u(&x[*k])).sum(),
+                    s => u(&v[s][*k]),
+                }
+            };
+            get(after) - get(before)
+        })
+        .sum()
+}
+
+fn checksum(lab: &Lab, host: usize, key: u64, len: u64) -> u32 {
+    crc32fast::hash(&lab.mr_bytes(host, key, 0, len))
+}
+
+#[test]
+fn hostile_flood_is_counted_touches_nothing_and_valid_traffic_flows() {
+    let _g = serial();
+    let mut lab = Lab::new(1500);
+    lab.up(0, &[]);
+    lab.up(1, &["--firewall"]);
+    let (_, a_l, _) = lab.mr(0, 1 << 16, "all");
+    let (b_addr, b_l, b_r) = lab.mr(1, 1 << 16, "all");
+    let (v_addr, v_l, v_r) = lab.mr(1, 1 << 16, "all");
+    let (_, p_l, _) = lab.mr(1, 1 << 16, "all");
+    let (qa, _qb) = lab.connect();
+    // The victim: a QP on B connected to a QP on A that nobody runs; the
+    // attacker on A knows its QPN, PSN, rkey and address.
+    let qv = lab.ok(1, &["qp", "create"])["qpn"].as_u64().unwrap();
+    let mac_a = rdma_user::hostnet::fmt_mac(&lab.mac(0));
+    lab.ok(
+        1,
+        &[
+            "qp",
+            "connect",
+            &qv.to_string(),
+            "--remote-ip",
+            &lab.addr[0],
+            "--remote-qpn",
+            "0x99",
+            "--remote-psn",
+            "1000",
+            "--remote-mac",
+            &mac_a,
+        ],
+    );
+    let pattern: Vec<u8> = (0..65536u32).map(|i| (i * 7 + 3) as u8).collect();
+    for key in [v_l, p_l] {
+        for off in (0..65536).step_by(8192) {
+            lab.ok(
+                1,
+                &[
+                    "mr",
+                    "write",
+                    &key.to_string(),
+                    "--offset",
+                    &off.to_string(),
+                    "--data",
+                    &rdma_user::daemon::hex(&pattern[off..off + 8192]),
+                ],
+            );
+        }
+    }
+    let sums = [checksum(&lab, 1, v_l, 65536), checksum(&lab, 1, p_l, 65536)];
+    let before = lab.ok(1, &["stats"]);
+
+    const N: u64 = 1_000_000;
+    let mac_b = rdma_user::hostnet::fmt_mac(&lab.mac(1));
+    let mut flood = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &lab.ns[0],
+            BIN,
+            "hostile",
+            "--dev",
+            &lab.dev[0],
+        ])
+        .args([
+            "--dst-ip",
+            &lab.addr[1],
+            "--dst-mac",
+            &mac_b,
+            "--src-ip",
+            &lab.addr[0],
+        ])
+        .args([
+            "--peer-qpn",
+            "153",
+            "--qpn",
+            &qv.to_string(),
+            "--epsn",
+            "1000",
+        ])
+        .args([
+            "--rkey",
+            &v_r.to_string(),
+            "--va",
+            &v_addr.to_string(),
+            "--mr-len",
+            "65536",
+        ])
+        .args(["--count", &N.to_string(), "--seed", "3"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("flood");
+    // Valid WRITE + READ-back rounds on the other QP while the flood runs.
+    let mut rounds = 0u32;
+    let mut during = 0u32;
+    loop {
+        let running = flood.try_wait().unwrap().is_none();
+        if !running && rounds >= 5 {
+            break;
+        }
+        during += running as u32;
+        let data: Vec<u8> = (0..3000u32).map(|i| (i as u8) ^ (rounds as u8)).collect();
+        let off = (rounds as u64 % 16) * 4096;
+        let w = lab.ok(
+            0,
+            &[
+                "post",
+                "write",
+                "--qp",
+                &qa.to_string(),
+                "--key",
+                &a_l.to_string(),
+                "--data",
+                &rdma_user::daemon::hex(&data),
+                "--remote-addr",
+                &(b_addr + off).to_string(),
+                "--rkey",
+                &b_r.to_string(),
+            ],
+        );
+        assert_eq!(w["wc"]["status"], "success", "{w}");
+        let r = lab.ok(
+            0,
+            &[
+                "post",
+                "read",
+                "--qp",
+                &qa.to_string(),
+                "--key",
+                &a_l.to_string(),
+                "--offset",
+                "32768",
+                "--len",
+                "3000",
+                "--remote-addr",
+                &(b_addr + off).to_string(),
+                "--rkey",
+                &b_r.to_string(),
+            ],
+        );
+        assert_eq!(r["wc"]["status"], "success", "{r}");
+        assert_eq!(lab.mr_bytes(0, a_l, 32768, 3000), data, "round {rounds}");
+        assert_eq!(lab.mr_bytes(1, b_l, off, 3000), data, "round {rounds}");
+        rounds += 1;
+    }
+    let out = wait_timeout(flood, Duration::from_secs(120));
+    assert!(
+        out.status.success(),
+        "flood: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sent: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(u(&sent["sent"]), N);
+    assert!(
+        during >= 2,
+        "valid traffic must run during the flood ({during} rounds)"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let after = lab.ok(1, &["stats"]);
+
+    // Classes the XDP firewall drops are counted there one for one.
+    let cls = |c: &str| u(&sent["by_class"][c]);
+    let x = |k: &str| delta(&before, &after, "xdp", &[k]);
+    assert_eq!(x("drop_truncated"), cls("truncated"), "{after}");
+    assert_eq!(x("drop_unknown_opcode"), cls("unknown_opcode"), "{after}");
+    assert_eq!(x("drop_qpn_not_live"), cls("unknown_qpn"), "{after}");
+    assert_eq!(x("drop_spoofed_source"), cls("spoofed_source"), "{after}");
+    // Everything else reached userspace: counted by the parser or by the
+    // victim QP, or dropped by the kernel for lack of room (counted too).
+    let xdp_drops = delta(
+        &before,
+        &after,
+        "xdp",
+        &[
+            "drop_truncated",
+            "drop_bad_tver",
+            "drop_unknown_opcode",
+            "drop_qpn_not_live",
+            "drop_spoofed_source",
+        ],
+    );
+    let parser = delta(
+        &before,
+        &after,
+        "datapath",
+        &[
+            "rx_truncated",
+            "rx_not_roce",
+            "rx_bad_length",
+            "rx_bad_tver",
+            "rx_unknown_opcode",
+            "rx_bad_pad",
+            "rx_bad_icrc",
+            "rx_bad_ip_checksum",
+            "rx_unknown_qpn",
+            "rx_wrong_source",
+        ],
+    );
+    let kernel = delta(
+        &before,
+        &after,
+        "xsk",
+        &[
+            "kernel_rx_dropped",
+            "kernel_rx_ring_full",
+            "kernel_rx_fill_ring_empty",
+        ],
+    );
+    let qps = lab.ok(1, &["qp", "list"]);
+    let victim = qps["qps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| u(&q["qpn"]) == qv)
+        .unwrap()["stats"]
+        .clone();
+    let v_rx = u(&victim["rx"]);
+    let v_reasons: u64 = ["errors", "dropped", "out_of_sequence", "duplicates"]
+        .iter()
+        .map(|k| u(&victim[*k]))
+        .sum();
+    assert_eq!(
+        v_rx, v_reasons,
+        "every packet at the victim has a reason: {victim}"
+    );
+    let counted = xdp_drops + parser + v_rx;
+    eprintln!(
+        "flood: {N} sent in {:.2} s; XDP dropped {xdp_drops}, parser {parser}, victim QP {v_rx} ({victim}), kernel socket drops {kernel}; {rounds} valid rounds ({during} during the flood)",
+        sent["seconds"].as_f64().unwrap()
+    );
+    assert!(
+        counted <= N && counted + kernel >= N,
+        "counted {counted} + kernel {kernel} vs {N}: {after}"
+    );
+    assert_eq!(
+        delta(&before, &after, "datapath", &["rx_bad_icrc"]) <= cls("bad_icrc"),
+        true
+    );
+    // No byte of the victim MR or of an unrelated MR changed.
+    assert_eq!(checksum(&lab, 1, v_l, 65536), sums[0]);
+    assert_eq!(checksum(&lab, 1, p_l, 65536), sums[1]);
+    // The daemon is up and the valid QP still in RTS.
+    let qa_state = lab.ok(0, &["qp", "list"])["qps"][0]["state"].clone();
+    assert_eq!(qa_state, "RTS");
+}
