@@ -349,6 +349,8 @@ fn peer_is_root(stream: &UnixStream) -> bool {
     r == 0 && cred.uid == 0
 }
 
+const MAX_REQUEST: usize = 64 << 20;
+
 async fn serve_cli(ctl: Arc<Ctl>, stream: UnixStream) -> Result<()> {
     if !peer_is_root(&stream) {
         let (_, mut w) = stream.into_split();
@@ -359,20 +361,25 @@ async fn serve_cli(ctl: Arc<Ctl>, stream: UnixStream) -> Result<()> {
     let (r, mut w) = stream.into_split();
     let mut lines = BufReader::new(r).lines();
     while let Some(line) = lines.next_line().await? {
-        if line.len() > 1 << 20 {
-            bail!("request too long");
-        }
-        let resp = match serde_json::from_str::<Request>(&line) {
-            Ok(req) => match handle(&ctl, req).await {
-                Ok(mut v) => {
-                    if let Value::Object(m) = &mut v {
-                        m.insert("ok".into(), Value::Bool(true));
+        // Hex data of `mr write` makes the longest requests.
+        let resp = if line.len() > MAX_REQUEST {
+            json!({"ok": false, "error": format!(
+                "request too long ({} bytes, limit {MAX_REQUEST}); write large data in pieces with --offset",
+                line.len()
+            )})
+        } else {
+            match serde_json::from_str::<Request>(&line) {
+                Ok(req) => match handle(&ctl, req).await {
+                    Ok(mut v) => {
+                        if let Value::Object(m) = &mut v {
+                            m.insert("ok".into(), Value::Bool(true));
+                        }
+                        v
                     }
-                    v
-                }
-                Err(e) => json!({"ok": false, "error": format!("{e:#}")}),
-            },
-            Err(e) => json!({"ok": false, "error": format!("malformed request: {e}")}),
+                    Err(e) => json!({"ok": false, "error": format!("{e:#}")}),
+                },
+                Err(e) => json!({"ok": false, "error": format!("malformed request: {e}")}),
+            }
         };
         w.write_all(format!("{resp}\n").as_bytes()).await?;
     }

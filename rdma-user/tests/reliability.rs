@@ -386,3 +386,108 @@ fn hostile_flood_is_counted_touches_nothing_and_valid_traffic_flows() {
     let qa_state = lab.ok(0, &["qp", "list"])["qps"][0]["state"].clone();
     assert_eq!(qa_state, "RTS");
 }
+
+#[test]
+fn umem_exhaustion_applies_backpressure_and_loses_nothing() {
+    let _g = serial();
+    let mut lab = Lab::new(1500);
+    // 64 UMEM chunks per socket, shared by RX and TX: a 1 MiB message is
+    // 1024 packets, 16 times what either side can hold at once.
+    lab.up(0, &["--umem-frames", "64"]);
+    lab.up(1, &["--umem-frames", "64"]);
+    const LEN: usize = 1 << 20;
+    let (_, a_l, _) = lab.mr(0, 2 * LEN, "all");
+    let (b_addr, b_l, b_r) = lab.mr(1, LEN, "all");
+    let (qa, _) = lab.connect();
+    let data: Vec<u8> = (0..LEN as u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    let file = std::env::temp_dir().join(format!("rdma-umem-{}.bin", std::process::id()));
+    std::fs::write(&file, &data).unwrap();
+    lab.ok(
+        0,
+        &[
+            "mr",
+            "write",
+            &a_l.to_string(),
+            "--file",
+            file.to_str().unwrap(),
+        ],
+    );
+    let _ = std::fs::remove_file(&file);
+    let before = [lab.ok(0, &["stats"]), lab.ok(1, &["stats"])];
+    for round in 0..3 {
+        let w = lab.ok(
+            0,
+            &[
+                "post",
+                "write",
+                "--qp",
+                &qa.to_string(),
+                "--key",
+                &a_l.to_string(),
+                "--len",
+                &LEN.to_string(),
+                "--remote-addr",
+                &b_addr.to_string(),
+                "--rkey",
+                &b_r.to_string(),
+                "--timeout-ms",
+                "30000",
+            ],
+        );
+        assert_eq!(w["wc"]["status"], "success", "round {round}: {w}");
+        let r = lab.ok(
+            0,
+            &[
+                "post",
+                "read",
+                "--qp",
+                &qa.to_string(),
+                "--key",
+                &a_l.to_string(),
+                "--offset",
+                &LEN.to_string(),
+                "--len",
+                &LEN.to_string(),
+                "--remote-addr",
+                &b_addr.to_string(),
+                "--rkey",
+                &b_r.to_string(),
+                "--timeout-ms",
+                "30000",
+            ],
+        );
+        assert_eq!(r["wc"]["status"], "success", "round {round}: {r}");
+    }
+    assert!(
+        lab.mr_bytes(1, b_l, 0, LEN as u64) == data,
+        "B's MR differs from what A wrote"
+    );
+    assert!(
+        lab.mr_bytes(0, a_l, LEN as u64, LEN as u64) == data,
+        "what A read back differs"
+    );
+    let after = [lab.ok(0, &["stats"]), lab.ok(1, &["stats"])];
+    // The pressure was real: the kernel ran out of fill-ring chunks or RX
+    // ring room somewhere, or TX waited for free chunks.
+    let pressure: u64 = (0..2)
+        .map(|i| {
+            delta(
+                &before[i],
+                &after[i],
+                "xsk",
+                &[
+                    "kernel_rx_dropped",
+                    "kernel_rx_ring_full",
+                    "kernel_rx_fill_ring_empty",
+                ],
+            ) + delta(&before[i], &after[i], "datapath", &["tx_ring_full"])
+        })
+        .sum();
+    eprintln!(
+        "umem: pressure events {pressure}; A {}; B {}",
+        after[0]["xsk"], after[1]["xsk"]
+    );
+    assert!(pressure > 0, "no backpressure seen: {after:?}");
+}
