@@ -843,6 +843,47 @@ fn interop(quick: bool, keep_vm: bool, only: Option<&str>) -> Result<()> {
         }
         results.push(r.is_ok());
     }
+    // Loss recovery across implementations: the impairment relay drops 1 %
+    // of RoCE frames in both directions between us and rxe.
+    let loss_cases = loss_cases(quick);
+    let selected: Vec<&Case> = loss_cases
+        .iter()
+        .filter(|c| only.is_none_or(|o| c.name.contains(o)))
+        .collect();
+    if !selected.is_empty() {
+        let relay = RxeRelay::insert(&b, "--loss 0.01 --seed 7");
+        match relay {
+            Err(e) => {
+                println!("FAIL  {:<55} {e:#}", "insert the impairment relay");
+                results.push(false);
+            }
+            Ok(relay) => {
+                for c in selected {
+                    let start = Instant::now();
+                    let r = run_case(&script, &b, c);
+                    let secs = start.elapsed().as_secs_f64();
+                    match &r {
+                        Ok(()) => println!("PASS  {:<55} {:>6.1} s", c.name, secs),
+                        Err(e) => println!("FAIL  {:<55} {:>6.1} s  {e:#}", c.name, secs),
+                    }
+                    results.push(r.is_ok());
+                }
+                let rep = relay.remove();
+                let d = |k: &str| rep[k]["dropped"].as_u64().unwrap_or(0);
+                let ok = d("a_to_b") > 0 && d("b_to_a") > 0;
+                println!(
+                    "{}  {:<55} we->rxe {} of {} dropped, rxe->we {} of {}",
+                    if ok { "PASS" } else { "FAIL" },
+                    "relay dropped frames both ways (1 %)",
+                    d("a_to_b"),
+                    rep["a_to_b"]["impaired_class"],
+                    d("b_to_a"),
+                    rep["b_to_a"]["impaired_class"]
+                );
+                results.push(ok);
+            }
+        }
+    }
     // Our packets must dissect without errors in Wireshark's InfiniBand
     // dissector: capture one more exchange and ask tshark for malformed or
     // error-level expert items.
@@ -894,6 +935,129 @@ fn interop(quick: bool, keep_vm: bool, only: Option<&str>) -> Result<()> {
         bail!("interop failures");
     }
     Ok(())
+}
+
+/// Interop cases that run with 1 % loss between us and rxe: data checked
+/// by rc_pingpong on both sides, completion counts by perftest.
+fn loss_cases(quick: bool) -> Vec<Case> {
+    let mut v = Vec::new();
+    let words = |s: String| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+    let sizes: &[usize] = if quick { &[4096] } else { &[4096, 65536] };
+    for &s in sizes {
+        for rxe_server in [true, false] {
+            v.push(Case {
+                name: format!(
+                    "1% loss: ibv_rc_pingpong -s {s} -n 100 -c, rxe {}",
+                    if rxe_server { "server" } else { "client" }
+                ),
+                rxe: format!(
+                    "ibv_rc_pingpong -d rxe0 -g 1 -s {s} -n 100 -c{}",
+                    if rxe_server { "" } else { " 10.99.0.1" }
+                ),
+                ours: words(format!(
+                    "pingpong{} --dev rxehost0 -s {s} -n 100 -c",
+                    if rxe_server { " 10.99.0.2" } else { "" }
+                )),
+                rxe_server,
+                ours_ok: "100 iters in",
+                rxe_ok: "100 iters in",
+            });
+        }
+    }
+    if !quick {
+        v.push(Case {
+            name: "1% loss: ib_read_bw -s 65536 -n 50, rxe server".into(),
+            rxe: "ib_read_bw -d rxe0 -x 1 -s 65536 -n 50".into(),
+            ours: words("bench read-bw 10.99.0.2 --dev rxehost0 -s 65536 -n 50 --peer-timeout 60".into()),
+            rxe_server: true,
+            ours_ok: "[Gb/sec]",
+            rxe_ok: "",
+        });
+        v.push(Case {
+            name: "1% loss: ib_write_bw -s 65536 -n 50, rxe client".into(),
+            rxe: "ib_write_bw -d rxe0 -x 1 -s 65536 -n 50 10.99.0.1".into(),
+            ours: words("bench write-bw --dev rxehost0 -s 65536 -n 50 --peer-timeout 60".into()),
+            rxe_server: false,
+            ours_ok: "[Gb/sec]",
+            rxe_ok: "MsgRate",
+        });
+    }
+    v
+}
+
+/// The impairment relay spliced between our host and the rxe bridge:
+/// rxehost0's veth peer moves into a middle namespace, and a new veth pair
+/// joins that namespace to the bridge. Removed (and the original wiring
+/// restored) on `remove` or drop.
+struct RxeRelay {
+    child: Option<std::process::Child>,
+    stats: PathBuf,
+}
+
+const RXE_NS: &str = "rxepeer";
+const RELAY_NS: &str = "rxerelay";
+
+impl RxeRelay {
+    fn insert(bin: &str, flags: &str) -> Result<RxeRelay> {
+        let _ = Command::new("ip")
+            .args(["netns", "del", RELAY_NS])
+            .stderr(Stdio::null())
+            .status();
+        let stats = std::env::temp_dir().join("rdma-rxe-relay.json");
+        let _ = std::fs::remove_file(&stats);
+        let mut r = RxeRelay { child: None, stats };
+        ip(&["netns", "add", RELAY_NS])?;
+        ip(&["-n", RXE_NS, "link", "set", "rxehost0p", "nomaster"])?;
+        ip(&["-n", RXE_NS, "link", "set", "rxehost0p", "netns", RELAY_NS])?;
+        ip(&[
+            "-n", RXE_NS, "link", "add", "rxrly1", "type", "veth", "peer", "name", "rxrly0",
+            "netns", RELAY_NS,
+        ])?;
+        ip(&["-n", RXE_NS, "link", "set", "rxrly1", "master", "rxebr0", "up"])?;
+        ip(&["-n", RELAY_NS, "link", "set", "rxehost0p", "up"])?;
+        ip(&["-n", RELAY_NS, "link", "set", "rxrly0", "up"])?;
+        r.child = Some(
+            Command::new("ip")
+                .args(["netns", "exec", RELAY_NS, bin, "--json", "relay"])
+                .args(["--a", "rxehost0p", "--b", "rxrly0", "--stats-file"])
+                .arg(&r.stats)
+                .args(flags.split_whitespace())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()?,
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        Ok(r)
+    }
+
+    /// Stops the relay, restores the wiring, returns the relay's counters.
+    fn remove(mut self) -> Value {
+        self.restore();
+        std::fs::read_to_string(&self.stats)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or(Value::Null)
+    }
+
+    fn restore(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = terminate(&mut c);
+        }
+        let q = |args: &[&str]| {
+            let _ = Command::new("ip").args(args).stderr(Stdio::null()).status();
+        };
+        q(&["-n", RELAY_NS, "link", "set", "rxehost0p", "netns", RXE_NS]);
+        q(&["-n", RXE_NS, "link", "set", "rxehost0p", "master", "rxebr0", "up"]);
+        q(&["-n", RXE_NS, "link", "del", "rxrly1"]);
+        q(&["netns", "del", RELAY_NS]);
+    }
+}
+
+impl Drop for RxeRelay {
+    fn drop(&mut self) {
+        // Also after a half-done insert; every step tolerates "already so".
+        self.restore();
+    }
 }
 
 fn run_case(script: &Path, bin: &str, c: &Case) -> Result<()> {
