@@ -198,7 +198,6 @@ pub fn run(opts: UpOptions) -> Result<()> {
                 ring_size: (opts.umem_frames / 4).clamp(16, 2048).next_power_of_two(),
                 multi_buffer: opts.multi_buffer,
                 zero_copy: opts.zero_copy,
-                ..Default::default()
             },
         )
         .with_context(|| format!("AF_XDP socket on {iface} queue {q}"))?;

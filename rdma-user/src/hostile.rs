@@ -107,7 +107,7 @@ impl Generator {
             rkey: t.rkey,
             dma_len: 0,
         };
-        let rnd = self.rng.next();
+        let rnd = self.rng.next_u64();
         let mut len = 1 + (rnd % 64) as usize;
         match c {
             // Emitted as a WRITE_ONLY, patched after emission.

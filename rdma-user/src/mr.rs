@@ -242,7 +242,7 @@ impl MrTable {
     /// rkey cannot be guessed from its neighbours.
     fn next_key(&mut self) -> u32 {
         loop {
-            let k = self.rng.next() as u32;
+            let k = self.rng.next_u64() as u32;
             if k != 0 && !self.by_lkey.contains_key(&k) && !self.by_rkey.contains_key(&k) {
                 return k;
             }

@@ -323,7 +323,7 @@ pub fn serve(o: &Options) -> Result<ServerReport> {
         s.backoff.after_poll(s.dev.dp.now(), work || n > 0, next);
         // The side channel only matters at the end: look at it rarely.
         turn = turn.wrapping_add(1);
-        if turn % 1024 != 0 {
+        if !turn.is_multiple_of(1024) {
             continue;
         }
         let mut b = [0u8; 256];
@@ -486,7 +486,7 @@ pub fn run(o: &Options) -> Result<Report> {
                     rep.fetch_adds += 1;
                 }
                 Kind::CmpSwap => {
-                    let new = rng.next();
+                    let new = rng.next_u64();
                     expect = swap_word;
                     wr.opcode = WrOpcode::CmpSwap;
                     wr.remote_addr = remote + 8;

@@ -158,8 +158,8 @@ fn post_ops(
             // WRITE (maybe with immediate) into the peer's write area.
             let len = max_len.min(WRITE_AREA_LEN as u32);
             let off = rng.below(WRITE_AREA_LEN - len as u64 + 1);
-            let data: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
-            let imm = (rng.below(5) == 0).then(|| rng.next() as u32);
+            let data: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
+            let imm = (rng.below(5) == 0).then(|| rng.next_u64() as u32);
             wr.opcode = if imm.is_some() {
                 WrOpcode::RdmaWriteWithImm
             } else {
@@ -190,8 +190,8 @@ fn post_ops(
             sges = split(rng, local, len, me.local_lkey);
             op = Op::Read { off, len, local };
         } else if kind < 85 {
-            let data: Vec<u8> = (0..max_len).map(|_| rng.next() as u8).collect();
-            let imm = (rng.below(4) == 0).then(|| rng.next() as u32);
+            let data: Vec<u8> = (0..max_len).map(|_| rng.next_u64() as u8).collect();
+            let imm = (rng.below(4) == 0).then(|| rng.next_u64() as u32);
             wr.opcode = if imm.is_some() {
                 WrOpcode::SendWithImm
             } else {

@@ -198,7 +198,7 @@ fn every_hostile_class_is_counted_under_its_reason_and_changes_nothing() {
                     if st.rx_wrong_source == 1 {
                         dp_only("rx_wrong_source");
                     } else {
-                        assert_eq!(g_port_only(&buf[..n], &target(&a, &b)), true, "{ctx}");
+                        assert!(g_port_only(&buf[..n], &target(&a, &b)), "{ctx}");
                         continue;
                     }
                 }
@@ -271,7 +271,7 @@ fn mutate(rng: &mut Rng, f: &mut Vec<u8>) {
             let end = (hl + r.transport.header_len()).min(f.len() - ICRC_LEN);
             for _ in 0..1 + rng.below(3) {
                 let i = hl + rng.below((end - hl) as u64) as usize;
-                f[i] = rng.next() as u8;
+                f[i] = rng.next_u64() as u8;
             }
             let tl = f.len() - hl;
             let _ = r.emit_net_and_icrc(f, tl);
@@ -304,7 +304,7 @@ fn fuzz_parser_and_engine_with_traffic_in_flight() {
             crc32fast::hash(mem(a.private.0, a.private.1)),
             crc32fast::hash(mem(b.private.0, b.private.1)),
         ];
-        let mut g = Generator::new(target(&a, &b), rng.next());
+        let mut g = Generator::new(target(&a, &b), rng.next_u64());
         let mut now = 0u64;
         while i < iters {
             i += 1;
