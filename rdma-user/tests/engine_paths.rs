@@ -281,7 +281,8 @@ fn remote_access_errors_nak_and_leave_memory_untouched() {
                     b"",
                 )
             }),
-            syndrome::NAK_REMOTE_ACCESS,
+            // rxe check_length: a length error before any key is looked at.
+            syndrome::NAK_INVALID_REQUEST,
         ),
         (
             "READ with a local-only key",

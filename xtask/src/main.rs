@@ -698,26 +698,7 @@ fn interop(quick: bool, keep_vm: bool, only: Option<&str>) -> Result<()> {
     };
     for &s in sizes {
         for rxe_server in [true, false] {
-            cases.push(Case {
-                name: format!(
-                    "ibv_rc_pingpong -s {s} -c, rxe {}",
-                    if rxe_server { "server" } else { "client" }
-                ),
-                rxe: format!(
-                    "ibv_rc_pingpong -d rxe0 -g 1 -s {s} -n 50 -c{}",
-                    if rxe_server { "" } else { " 10.99.0.1" }
-                ),
-                ours: format!(
-                    "pingpong{} --dev rxehost0 -s {s} -n 50 -c",
-                    if rxe_server { " 10.99.0.2" } else { "" }
-                )
-                .split_whitespace()
-                .map(String::from)
-                .collect(),
-                rxe_server,
-                ours_ok: "50 iters in",
-                rxe_ok: "50 iters in",
-            });
+            cases.push(pingpong_case("", s, 50, rxe_server));
         }
     }
     if !quick {
@@ -1075,6 +1056,36 @@ fn rxe_counters(script: &Path) -> Result<std::collections::HashMap<String, i64>>
     Ok(m)
 }
 
+/// ibv_rc_pingpong with its data check against our `rdma pingpong`.
+fn pingpong_case(prefix: &str, s: usize, n: u32, rxe_server: bool) -> Case {
+    let role = if rxe_server { "server" } else { "client" };
+    Case {
+        name: format!("{prefix}ibv_rc_pingpong -s {s} -n {n} -c, rxe {role}"),
+        rxe: format!(
+            "ibv_rc_pingpong -d rxe0 -g 1 -s {s} -n {n} -c{}",
+            if rxe_server { "" } else { " 10.99.0.1" }
+        ),
+        ours: format!(
+            "pingpong{} --dev rxehost0 -s {s} -n {n} -c",
+            if rxe_server { " 10.99.0.2" } else { "" }
+        )
+        .split_whitespace()
+        .map(String::from)
+        .collect(),
+        rxe_server,
+        ours_ok: if n == 50 {
+            "50 iters in"
+        } else {
+            "100 iters in"
+        },
+        rxe_ok: if n == 50 {
+            "50 iters in"
+        } else {
+            "100 iters in"
+        },
+    }
+}
+
 /// Interop cases that run with 1 % loss between us and rxe: data checked
 /// by rc_pingpong on both sides, completion counts by perftest.
 fn loss_cases(quick: bool) -> Vec<Case> {
@@ -1083,23 +1094,7 @@ fn loss_cases(quick: bool) -> Vec<Case> {
     let sizes: &[usize] = if quick { &[4096] } else { &[4096, 65536] };
     for &s in sizes {
         for rxe_server in [true, false] {
-            v.push(Case {
-                name: format!(
-                    "1% loss: ibv_rc_pingpong -s {s} -n 100 -c, rxe {}",
-                    if rxe_server { "server" } else { "client" }
-                ),
-                rxe: format!(
-                    "ibv_rc_pingpong -d rxe0 -g 1 -s {s} -n 100 -c{}",
-                    if rxe_server { "" } else { " 10.99.0.1" }
-                ),
-                ours: words(format!(
-                    "pingpong{} --dev rxehost0 -s {s} -n 100 -c",
-                    if rxe_server { " 10.99.0.2" } else { "" }
-                )),
-                rxe_server,
-                ours_ok: "100 iters in",
-                rxe_ok: "100 iters in",
-            });
+            v.push(pingpong_case("1% loss: ", s, 100, rxe_server));
         }
     }
     if !quick {
