@@ -465,10 +465,7 @@ pub fn run(o: Options) -> Result<Vec<Record>> {
         let _ = oob.s.write_all(b"done\0");
     }
     // Let the last ACKs leave.
-    let end = Instant::now() + Duration::from_millis(100);
-    while Instant::now() < end {
-        dev.dp.poll();
-    }
+    dev.poll_for(Duration::from_millis(100));
     Ok(records.into_iter().filter(|r| !r.test.is_empty()).collect())
 }
 

@@ -331,9 +331,6 @@ pub struct QpStats {
     pub dropped: u64,
 }
 
-/// The longest message RC allows (2^31 bytes).
-pub const MAX_MSG_LEN: u32 = 1 << 31;
-
 /// `4.096 us * 2^timeout`, the local ACK timeout; 0 means never.
 pub fn ack_timeout_ns(timeout: u8) -> Option<Nanos> {
     (timeout != 0).then(|| 4096u64 << timeout.min(31))
@@ -1601,7 +1598,9 @@ impl Qp {
         }
         // A message longer than 2^31 is a length error before any key is
         // looked at (IBA C9-92; rxe's check_length).
-        if t.reth.is_some_and(|r| r.dma_len > MAX_MSG_LEN) {
+        if t.reth
+            .is_some_and(|r| r.dma_len as u64 > crate::mr::MAX_MSG_LEN)
+        {
             return self.responder_fatal(psn, syndrome::NAK_INVALID_REQUEST, None);
         }
 

@@ -111,7 +111,9 @@ impl Generator {
         let mut len = 1 + (rnd % 64) as usize;
         match c {
             // Emitted as a WRITE_ONLY, patched after emission.
-            Class::Truncated | Class::BadIcrc | Class::BadPad | Class::UnknownOpcode => {}
+            Class::Truncated | Class::BadIcrc | Class::UnknownOpcode => {}
+            // No payload, so any pad count is larger than it.
+            Class::BadPad => len = 0,
             Class::MiddleWithoutFirst => {
                 b.opcode = if rnd & 1 == 0 {
                     opcode::RC_SEND_MIDDLE
@@ -185,14 +187,10 @@ impl Generator {
         }
         let flags = rdma_common::opcode_flags(r.transport.bth.opcode);
         if flags & rdma_common::op::RETH != 0 {
-            if reth.dma_len == 0 && c != Class::ReadTooLarge {
+            if reth.dma_len == 0 {
                 reth.dma_len = len as u32;
             }
             r.transport.reth = Some(reth);
-        }
-        if c == Class::BadPad {
-            len = 0;
-            r.transport.reth = Some(RethRepr { dma_len: 0, ..reth });
         }
         let payload = &self.payload[..len];
         let n = r.emit(payload, buf).expect("buffer large enough");

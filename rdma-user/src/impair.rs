@@ -49,7 +49,24 @@ impl Default for ImpairConfig {
 }
 
 impl ImpairConfig {
-    /// "loss=0.05,reorder=0.05,dup=0.01,corrupt=0.001,delay_us=20,seed=7"
+    /// Every rate must be a probability.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, p) in [
+            ("loss", self.loss),
+            ("reorder", self.reorder),
+            ("dup", self.dup),
+            ("corrupt", self.corrupt),
+        ] {
+            if !(0.0..=1.0).contains(&p) {
+                return Err(format!(
+                    "--{name} {p}: a probability between 0 and 1 (0.05 = 5 %)"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// One line for logs: every rate and the seed.
     pub fn describe(&self) -> String {
         format!(
             "loss={} reorder={} dup={} corrupt={} delay_us={} jitter_us={} seed={}",
@@ -148,16 +165,27 @@ impl Impairer {
         &self.cfg
     }
 
+    fn alloc_buf(&mut self) -> usize {
+        self.free.pop().unwrap_or_else(|| {
+            self.bufs.push(Vec::new());
+            self.bufs.len() - 1
+        })
+    }
+
     fn copy_in(&mut self, frame: &[u8]) -> usize {
-        let i = match self.free.pop() {
-            Some(i) => i,
-            None => {
-                self.bufs.push(Vec::new());
-                self.bufs.len() - 1
-            }
-        };
+        let i = self.alloc_buf();
         self.bufs[i].clear();
         self.bufs[i].extend_from_slice(frame);
+        i
+    }
+
+    /// A second buffer with the bytes of buffer `b` (a duplicate).
+    fn copy_of(&mut self, b: usize) -> usize {
+        let i = self.alloc_buf();
+        let mut v = std::mem::take(&mut self.bufs[i]);
+        v.clear();
+        v.extend_from_slice(&self.bufs[b]);
+        self.bufs[i] = v;
         i
     }
 
@@ -201,12 +229,13 @@ impl Impairer {
         if self.cfg.jitter_us > 0 {
             at += self.rng.below(self.cfg.jitter_us * 1000 + 1);
         }
-        let copies = if self.rng.chance(self.cfg.dup) {
+        if self.rng.chance(self.cfg.dup) {
             self.stats[dir].duplicated += 1;
-            2
-        } else {
-            1
-        };
+            let b2 = self.copy_of(b);
+            self.schedule(at, b2, dir);
+            self.stats[dir].tx += 1;
+        }
+        self.stats[dir].tx += 1;
         if self.rng.chance(self.cfg.reorder) {
             self.stats[dir].reordered += 1;
             self.held.push_back(Held {
@@ -215,21 +244,9 @@ impl Impairer {
                 remaining: self.cfg.reorder_gap.max(1),
                 deadline: at + self.cfg.reorder_max_us * 1000,
             });
-            if copies == 2 {
-                let b2 = self.copy_in(&self.bufs[b].clone());
-                self.schedule(at, b2, dir);
-                self.stats[dir].tx += 1;
-            }
-            self.stats[dir].tx += 1;
             return;
         }
         self.schedule(at, b, dir);
-        self.stats[dir].tx += 1;
-        if copies == 2 {
-            let b2 = self.copy_in(&self.bufs[b].clone());
-            self.schedule(at, b2, dir);
-            self.stats[dir].tx += 1;
-        }
         // Frames held back in this direction have now been overtaken once.
         let mut i = 0;
         while i < self.held.len() {
@@ -289,31 +306,10 @@ mod tests {
     use crate::wire::*;
 
     fn roce_frame(psn: u32) -> Vec<u8> {
-        let mut repr = RoceRepr {
-            eth: EthernetRepr {
-                dst: [2, 0, 0, 0, 0, 2],
-                src: [2, 0, 0, 0, 0, 1],
-                vlan_tci: None,
-                ethertype: ETH_P_IPV4,
-            },
-            ip: IpRepr::V4(Ipv4Repr {
-                src: [10, 0, 0, 1],
-                dst: [10, 0, 0, 2],
-                ..Default::default()
-            }),
-            udp: UdpRepr {
-                src_port: 50000,
-                dst_port: ROCE_V2_UDP_PORT,
-                checksum: 0,
-            },
-            transport: TransportRepr::default(),
-        };
-        repr.transport.bth.opcode = rdma_common::opcode::RC_RDMA_WRITE_ONLY;
+        let mut repr = crate::wire::tests::sample(rdma_common::opcode::RC_RDMA_WRITE_ONLY);
         repr.transport.bth.psn = psn;
-        repr.transport.bth.dest_qpn = 0x11;
-        repr.transport.reth = Some(Default::default());
         let mut buf = vec![0u8; 256];
-        let n = repr.emit(&[7u8; 64], &mut buf).unwrap();
+        let n = repr.emit(&[7u8; 5], &mut buf).unwrap();
         buf.truncate(n);
         buf
     }

@@ -14,11 +14,9 @@ pub const VNET_HDR_LEN: usize = 10;
 /// A raw socket bound to one interface, seeing every frame on it.
 pub struct RawSocket {
     fd: OwnedFd,
-    ifindex: i32,
-    pub vnet_hdr: bool,
 }
 
-pub fn ifindex(iface: &str) -> Result<i32> {
+fn ifindex(iface: &str) -> Result<i32> {
     let c = std::ffi::CString::new(iface)?;
     // SAFETY: FFI with a valid C string.
     let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
@@ -84,19 +82,11 @@ impl RawSocket {
         if r < 0 {
             return Err(io::Error::last_os_error()).with_context(|| format!("bind to {iface}"));
         }
-        Ok(RawSocket {
-            fd,
-            ifindex,
-            vnet_hdr,
-        })
+        Ok(RawSocket { fd })
     }
 
     pub fn fd(&self) -> RawFd {
         self.fd.as_raw_fd()
-    }
-
-    pub fn ifindex(&self) -> i32 {
-        self.ifindex
     }
 
     /// Non-blocking receive; `Ok(None)` when nothing is queued.

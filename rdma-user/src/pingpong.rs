@@ -285,9 +285,6 @@ pub fn run(o: Options) -> Result<()> {
         println!("data check passed");
     }
     // Let the last ACKs leave before the socket closes.
-    let end = Instant::now() + Duration::from_millis(50);
-    while Instant::now() < end {
-        dev.dp.poll();
-    }
+    dev.poll_for(Duration::from_millis(50));
     Ok(())
 }

@@ -98,8 +98,13 @@ impl Report {
             && self.completed == self.ops
             && self.final_area_checked
             && self.server.sends_received == self.sends
-            && self.server.sends_out_of_order == 0
-            && self.server.sends_corrupted == 0
+            && self.server.clean()
+    }
+}
+
+impl ServerReport {
+    pub fn clean(&self) -> bool {
+        self.sends_out_of_order == 0 && self.sends_corrupted == 0 && self.recv_errors == 0
     }
 }
 
@@ -112,37 +117,55 @@ struct Hello {
     vaddr: u64,
 }
 
+/// Lines from the (non-blocking) side channel, assembled across reads.
+#[derive(Default)]
+struct LineReader {
+    buf: Vec<u8>,
+}
+
+impl LineReader {
+    /// One complete line if one has arrived; never blocks.
+    fn poll(&mut self, s: &mut TcpStream) -> Result<Option<String>> {
+        loop {
+            if let Some(i) = self.buf.iter().position(|&c| c == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=i).take(i).collect();
+                return Ok(Some(String::from_utf8(line)?));
+            }
+            let mut b = [0u8; 256];
+            match s.read(&mut b) {
+                Ok(0) => bail!("the peer closed the side channel"),
+                Ok(k) => self.buf.extend_from_slice(&b[..k]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
 /// A JSON line over the side channel, read while the data path keeps
 /// running (the peer may need our ACKs to finish).
 fn read_line_polling(
     s: &mut TcpStream,
+    lines: &mut LineReader,
     dev: &mut Device,
     backoff: &mut Backoff,
     timeout: Duration,
 ) -> Result<String> {
-    s.set_nonblocking(true)?;
     let start = Instant::now();
-    let mut line = Vec::new();
-    let mut b = [0u8; 1];
     loop {
-        match s.read(&mut b) {
-            Ok(0) => bail!("the peer closed the side channel"),
-            Ok(_) if b[0] == b'\n' => break,
-            Ok(_) => line.push(b[0]),
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                let (work, next) = dev.dp.poll();
-                backoff.after_poll(dev.dp.now(), work, next);
-                if start.elapsed() > timeout {
-                    bail!("the peer sent nothing for {timeout:?}");
-                }
-            }
-            Err(e) => return Err(e.into()),
+        if let Some(l) = lines.poll(s)? {
+            return Ok(l);
+        }
+        let (work, next) = dev.dp.poll();
+        backoff.after_poll(dev.dp.now(), work, next);
+        if start.elapsed() > timeout {
+            bail!("the peer sent nothing for {timeout:?}");
         }
     }
-    s.set_nonblocking(false)?;
-    Ok(String::from_utf8(line)?)
 }
 
+/// Writes one JSON line. The socket is non-blocking, but lines are a few
+/// hundred bytes, far below the send buffer.
 fn send_line<T: Serialize>(s: &mut TcpStream, v: &T) -> Result<()> {
     let mut l = serde_json::to_vec(v)?;
     l.push(b'\n');
@@ -163,7 +186,9 @@ struct Setup {
     cq: u32,
     addr: u64,
     lkey: u32,
+    /// The side channel, non-blocking.
     tcp: TcpStream,
+    lines: LineReader,
     peer: Hello,
     backoff: Backoff,
 }
@@ -188,6 +213,8 @@ fn setup(
     let psn = dev.dp.core.random_psn();
     let mut tcp = crate::bench::oob_connect(o.server, o.port, o.connect_timeout)?;
     tcp.set_nodelay(true)?;
+    tcp.set_nonblocking(true)?;
+    let mut lines = LineReader::default();
     let peer_addr = tcp.peer_addr()?.ip().to_canonical();
     let local_ip = hostnet::local_addr_for(&o.iface, peer_addr)?;
     send_line(
@@ -203,6 +230,7 @@ fn setup(
     let mut backoff = Backoff::new(o.adaptive);
     let peer: Hello = serde_json::from_str(&read_line_polling(
         &mut tcp,
+        &mut lines,
         &mut dev,
         &mut backoff,
         o.connect_timeout,
@@ -234,7 +262,13 @@ fn setup(
     )?;
     // Both QPs are ready before either side sends.
     send_line(&mut tcp, &"ready")?;
-    read_line_polling(&mut tcp, &mut dev, &mut backoff, o.connect_timeout)?;
+    read_line_polling(
+        &mut tcp,
+        &mut lines,
+        &mut dev,
+        &mut backoff,
+        o.connect_timeout,
+    )?;
     Ok(Setup {
         dev,
         qpn,
@@ -242,6 +276,7 @@ fn setup(
         addr,
         lkey,
         tcp,
+        lines,
         peer,
         backoff,
     })
@@ -283,8 +318,6 @@ pub fn serve(o: &Options) -> Result<ServerReport> {
     let mut expect_seq = 0u64;
     let mut want = vec![0u8; MAX_SEND];
     let mut wcs = [NO_WC; 32];
-    s.tcp.set_nonblocking(true)?;
-    let mut line = Vec::new();
     let mut turn = 0u32;
     let seed = o.seed;
     loop {
@@ -326,26 +359,13 @@ pub fn serve(o: &Options) -> Result<ServerReport> {
         if !turn.is_multiple_of(1024) {
             continue;
         }
-        let mut b = [0u8; 256];
-        match s.tcp.read(&mut b) {
-            Ok(0) => bail!("the client closed the side channel before it finished"),
-            Ok(k) => {
-                line.extend_from_slice(&b[..k]);
-                if line.ends_with(b"\n") {
-                    break;
-                }
-            }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e.into()),
+        if s.lines.poll(&mut s.tcp)?.is_some() {
+            break;
         }
     }
-    s.tcp.set_nonblocking(false)?;
     send_line(&mut s.tcp, &rep)?;
     // Let the last ACKs leave.
-    let end = Instant::now() + Duration::from_millis(100);
-    while Instant::now() < end {
-        s.dev.dp.poll();
-    }
+    s.dev.poll_for(Duration::from_millis(100));
     Ok(rep)
 }
 
@@ -625,6 +645,19 @@ pub fn run(o: &Options) -> Result<Report> {
             s.dev.dp.core.post_send(s.qpn, &wr)?;
             ok &= wait_ok(&mut s.dev, s.cq, o.stall_timeout)?;
         }
+        let got = &local[final_off..final_off + AREA];
+        let bad = got
+            .chunks(4096)
+            .zip(shadow.chunks(4096))
+            .filter(|(a, b)| a != b)
+            .count() as u64;
+        if bad > 0 {
+            note(
+                &mut rep,
+                format!("{bad} pages of the target area differ after the run"),
+            );
+        }
+        rep.corrupted += bad;
         let mut words = [0u64; 2];
         for (i, w) in words.iter_mut().enumerate() {
             let sge = [Sge {
@@ -635,22 +668,6 @@ pub fn run(o: &Options) -> Result<Report> {
             let mut wr = SendWr::new(2 << 40 | i as u64, WrOpcode::RdmaRead, &sge);
             wr.remote_addr = remote + 8 * i as u64;
             wr.rkey = rkey;
-            // Compare the area first: this READ reuses the start of its buffer.
-            if i == 0 {
-                let got = &local[final_off..final_off + AREA];
-                let bad = got
-                    .chunks(4096)
-                    .zip(shadow.chunks(4096))
-                    .filter(|(a, b)| a != b)
-                    .count() as u64;
-                if bad > 0 {
-                    note(
-                        &mut rep,
-                        format!("{bad} pages of the target area differ after the run"),
-                    );
-                }
-                rep.corrupted += bad;
-            }
             s.dev.dp.core.post_send(s.qpn, &wr)?;
             ok &= wait_ok(&mut s.dev, s.cq, o.stall_timeout)?;
             *w = u64::from_ne_bytes(local[final_off..final_off + 8].try_into().expect("8"));
@@ -674,7 +691,13 @@ pub fn run(o: &Options) -> Result<Report> {
         rep.seq_naks_received = st.seq_naks_received;
     }
     send_line(&mut s.tcp, &"done")?;
-    let l = read_line_polling(&mut s.tcp, &mut s.dev, &mut s.backoff, o.connect_timeout)?;
+    let l = read_line_polling(
+        &mut s.tcp,
+        &mut s.lines,
+        &mut s.dev,
+        &mut s.backoff,
+        o.connect_timeout,
+    )?;
     rep.server = serde_json::from_str(&l).context("the server's report")?;
     Ok(rep)
 }

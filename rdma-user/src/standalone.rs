@@ -57,6 +57,15 @@ impl Device {
         })
     }
 
+    /// Keeps the data path running for `d` (so the last ACKs leave before
+    /// the process exits).
+    pub fn poll_for(&mut self, d: Duration) {
+        let end = Instant::now() + d;
+        while Instant::now() < end {
+            self.dp.poll();
+        }
+    }
+
     /// Polls until `f` returns Some, or fails after `timeout`.
     pub fn run_until<T>(
         &mut self,

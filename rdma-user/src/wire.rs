@@ -1005,7 +1005,7 @@ impl RoceRepr {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -1035,7 +1035,9 @@ mod tests {
         assert_eq!(Syndrome::decode(0x40), Syndrome::Reserved(0x40));
     }
 
-    fn sample(opc: u8) -> RoceRepr {
+    /// A WRITE-style frame between 10.0.0.1 and 10.0.0.2 (shared by the
+    /// crate's unit tests).
+    pub(crate) fn sample(opc: u8) -> RoceRepr {
         RoceRepr {
             eth: EthernetRepr {
                 dst: [2, 0, 0, 0, 0, 2],

@@ -140,18 +140,14 @@ fn answers(b: &mut Host, now: u64) -> Vec<RoceRepr> {
     }
 }
 
-fn nonzero(s: &DpStats) -> Vec<(&'static str, u64)> {
+/// The data path counters that are not zero (besides rx_frames).
+fn nonzero(s: &DpStats) -> Vec<(String, u64)> {
     let v = serde_json::to_value(s).unwrap();
     v.as_object()
         .unwrap()
         .iter()
         .filter(|(k, n)| *k != "rx_frames" && n.as_u64() != Some(0))
-        .map(|(k, n)| {
-            (
-                Box::leak(k.clone().into_boxed_str()) as &str,
-                n.as_u64().unwrap(),
-            )
-        })
+        .map(|(k, n)| (k.clone(), n.as_u64().unwrap()))
         .collect()
 }
 
@@ -180,7 +176,7 @@ fn every_hostile_class_is_counted_under_its_reason_and_changes_nothing() {
                 nonzero(&st)
             );
             let dp_only = |field: &str| {
-                assert_eq!(nonzero(&st), vec![(field, 1)], "{ctx}");
+                assert_eq!(nonzero(&st), vec![(field.to_string(), 1)], "{ctx}");
                 assert_eq!(qs.rx_packets, 0, "{ctx}");
             };
             match class {
@@ -198,7 +194,7 @@ fn every_hostile_class_is_counted_under_its_reason_and_changes_nothing() {
                     if st.rx_wrong_source == 1 {
                         dp_only("rx_wrong_source");
                     } else {
-                        assert!(g_port_only(&buf[..n], &target(&a, &b)), "{ctx}");
+                        assert!(spoofs_port_only(&buf[..n], &target(&a, &b)), "{ctx}");
                         continue;
                     }
                 }
@@ -247,7 +243,7 @@ fn every_hostile_class_is_counted_under_its_reason_and_changes_nothing() {
 }
 
 /// Whether a SpoofedSource frame kept the peer's address (port-only spoof).
-fn g_port_only(frame: &[u8], t: &Target) -> bool {
+fn spoofs_port_only(frame: &[u8], t: &Target) -> bool {
     let (r, _) = RoceRepr::parse(frame).unwrap();
     r.ip.src_gid() == t.net.ip.src_gid() && r.udp.src_port != t.net.udp.src_port
 }

@@ -7,8 +7,20 @@ mod lab;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use lab::{serial, stop_relay, wait_timeout, Lab, BIN};
+use lab::{serial, wait_timeout, Lab, BIN};
 use serde_json::Value;
+
+/// Kills a helper process if the test fails before waiting for it.
+struct Reap(Option<std::process::Child>);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
 
 /// Runs the soak client on A against a soak server on B; returns the
 /// client's report.
@@ -65,8 +77,8 @@ fn soak(lab: &Lab, ops: u64, seed: u64) -> Value {
 #[test]
 fn soak_through_the_relay_with_every_fault_loses_nothing() {
     let _g = serial();
-    let lab = Lab::with_relay(1500);
-    let relay = lab.start_relay(&[
+    let mut lab = Lab::with_relay(1500);
+    lab.start_relay(&[
         "--loss",
         "0.05",
         "--reorder",
@@ -81,7 +93,7 @@ fn soak_through_the_relay_with_every_fault_loses_nothing() {
         "11",
     ]);
     let rep = soak(&lab, 3000, 5);
-    let r = stop_relay(relay);
+    let r = lab.stop_relay();
     for k in ["lost", "duplicated", "corrupted", "error_wcs"] {
         assert_eq!(rep[k], 0, "{k}: {rep}");
     }
@@ -99,9 +111,9 @@ fn soak_through_the_relay_with_every_fault_loses_nothing() {
 #[test]
 fn relay_passes_other_traffic_untouched_and_counts_roce() {
     let _g = serial();
-    let lab = Lab::with_relay(1500);
+    let mut lab = Lab::with_relay(1500);
     // 100 % RoCE loss: ping and TCP (the soak's side channel) still pass.
-    let relay = lab.start_relay(&["--loss", "1.0"]);
+    lab.start_relay(&["--loss", "1.0"]);
     let out = lab.exec(
         0,
         "ping",
@@ -112,7 +124,7 @@ fn relay_passes_other_traffic_untouched_and_counts_roce() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
-    let r = stop_relay(relay);
+    let r = lab.stop_relay();
     assert_eq!(r["a_to_b"]["impaired_class"], 0, "{r}");
     assert!(r["a_to_b"]["tx"].as_u64().unwrap() >= 3, "{r}");
 }
@@ -194,50 +206,52 @@ fn hostile_flood_is_counted_touches_nothing_and_valid_traffic_flows() {
 
     const N: u64 = 1_000_000;
     let mac_b = rdma_user::hostnet::fmt_mac(&lab.mac(1));
-    let mut flood = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &lab.ns[0],
-            BIN,
-            "hostile",
-            "--dev",
-            &lab.dev[0],
-        ])
-        .args([
-            "--dst-ip",
-            &lab.addr[1],
-            "--dst-mac",
-            &mac_b,
-            "--src-ip",
-            &lab.addr[0],
-        ])
-        .args([
-            "--peer-qpn",
-            "153",
-            "--qpn",
-            &qv.to_string(),
-            "--epsn",
-            "1000",
-        ])
-        .args([
-            "--rkey",
-            &v_r.to_string(),
-            "--va",
-            &v_addr.to_string(),
-            "--mr-len",
-            "65536",
-        ])
-        .args(["--count", &N.to_string(), "--seed", "3"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("flood");
+    let mut flood = Reap(Some(
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &lab.ns[0],
+                BIN,
+                "hostile",
+                "--dev",
+                &lab.dev[0],
+            ])
+            .args([
+                "--dst-ip",
+                &lab.addr[1],
+                "--dst-mac",
+                &mac_b,
+                "--src-ip",
+                &lab.addr[0],
+            ])
+            .args([
+                "--peer-qpn",
+                "153",
+                "--qpn",
+                &qv.to_string(),
+                "--epsn",
+                "1000",
+            ])
+            .args([
+                "--rkey",
+                &v_r.to_string(),
+                "--va",
+                &v_addr.to_string(),
+                "--mr-len",
+                "65536",
+            ])
+            .args(["--count", &N.to_string(), "--seed", "3"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("flood"),
+    ));
     // Valid WRITE + READ-back rounds on the other QP while the flood runs.
     let mut rounds = 0u32;
     let mut during = 0u32;
     loop {
-        let running = flood.try_wait().unwrap().is_none();
+        let running = flood.0.as_mut().unwrap().try_wait().unwrap().is_none();
         if !running && rounds >= 5 {
             break;
         }
@@ -286,7 +300,7 @@ fn hostile_flood_is_counted_touches_nothing_and_valid_traffic_flows() {
         assert_eq!(lab.mr_bytes(1, b_l, off, 3000), data, "round {rounds}");
         rounds += 1;
     }
-    let out = wait_timeout(flood, Duration::from_secs(120));
+    let out = wait_timeout(flood.0.take().unwrap(), Duration::from_secs(120));
     assert!(
         out.status.success(),
         "flood: {}",

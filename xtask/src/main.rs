@@ -278,12 +278,31 @@ impl Drop for Lab {
                 .status();
         }
         for ns in &self.ns {
-            let _ = Command::new("ip")
-                .args(["netns", "del", ns])
-                .stderr(Stdio::null())
-                .status();
+            netns_del(ns);
         }
     }
+}
+
+impl Lab {
+    /// Namespaces by these names, removing any a crashed run left behind.
+    fn fresh(ns: &[String], keep: bool) -> Lab {
+        for n in ns {
+            netns_del(n);
+        }
+        Lab {
+            ns: ns.to_vec(),
+            pids: Vec::new(),
+            keep,
+        }
+    }
+}
+
+/// Deletes a namespace if it exists (and what lives only in it).
+fn netns_del(ns: &str) {
+    let _ = Command::new("ip")
+        .args(["netns", "del", ns])
+        .stderr(Stdio::null())
+        .status();
 }
 
 fn ip(args: &[&str]) -> Result<()> {
@@ -348,17 +367,7 @@ fn relay_topology(ns: &[String; 3], devs: [&str; 4], addrs: [&str; 2]) -> Result
 fn demo(keep: bool) -> Result<()> {
     let bin = build(false)?;
     let ns = ["rdmademo-a".to_string(), "rdmademo-b".to_string()];
-    for n in &ns {
-        let _ = Command::new("ip")
-            .args(["netns", "del", n])
-            .stderr(Stdio::null())
-            .status();
-    }
-    let mut lab = Lab {
-        ns: ns.to_vec(),
-        pids: Vec::new(),
-        keep,
-    };
+    let mut lab = Lab::fresh(&ns, keep);
     let addrs = ["10.88.0.1", "10.88.0.2"];
     let devs = ["rdma-a", "rdma-b"];
     veth_pair(&ns, devs, addrs)?;
@@ -665,9 +674,9 @@ struct Case {
     /// true: rxe is the server (started first, in the background).
     rxe_server: bool,
     /// What our output must contain.
-    ours_ok: &'static str,
+    ours_ok: String,
     /// What rxe's output must contain.
-    rxe_ok: &'static str,
+    rxe_ok: String,
 }
 
 fn interop(quick: bool, keep_vm: bool, only: Option<&str>) -> Result<()> {
@@ -698,33 +707,12 @@ fn interop(quick: bool, keep_vm: bool, only: Option<&str>) -> Result<()> {
     };
     for &s in sizes {
         for rxe_server in [true, false] {
-            cases.push(pingpong_case("", s, 50, rxe_server));
+            cases.push(pingpong_case("", s, 50, rxe_server, false));
         }
     }
     if !quick {
         for rxe_server in [true, false] {
-            cases.push(Case {
-                name: format!(
-                    "ibv_rc_pingpong IPv6 GID -s 4096 -c, rxe {}",
-                    if rxe_server { "server" } else { "client" }
-                ),
-                rxe: format!(
-                    "ibv_rc_pingpong -d rxe0 -g 2 -s 4096 -n 50 -c{}",
-                    if rxe_server { "" } else { " fd99::1" }
-                ),
-                // rc_pingpong's server listens on IPv4 only: TCP over IPv4,
-                // RoCE over the IPv6 GIDs.
-                ours: format!(
-                    "pingpong{} --dev rxehost0 -s 4096 -n 50 -c --local-ip fd99::1",
-                    if rxe_server { " 10.99.0.2" } else { "" }
-                )
-                .split_whitespace()
-                .map(String::from)
-                .collect(),
-                rxe_server,
-                ours_ok: "50 iters in",
-                rxe_ok: "50 iters in",
-            });
+            cases.push(pingpong_case("IPv6 GID: ", 4096, 50, rxe_server, true));
         }
     }
     let perf: &[(&str, &str, &[usize])] = if quick {
@@ -745,33 +733,8 @@ fn interop(quick: bool, keep_vm: bool, only: Option<&str>) -> Result<()> {
     for (tool, ours, sizes) in perf {
         for &s in *sizes {
             let n = if s >= 1 << 20 { 5 } else { 20 };
-            let size_arg = if *tool == "atomic_lat" {
-                String::new()
-            } else {
-                format!(" -s {s}")
-            };
-            cases.push(Case {
-                name: format!("ib_{tool}{size_arg} -n {n}, rxe server"),
-                rxe: format!("ib_{tool} -d rxe0 -x 1{size_arg} -n {n}"),
-                ours: format!(
-                    "bench {ours} 10.99.0.2 --dev rxehost0{} -n {n} --peer-timeout 60",
-                    if *tool == "atomic_lat" {
-                        String::new()
-                    } else {
-                        format!(" -s {s}")
-                    }
-                )
-                .split_whitespace()
-                .map(String::from)
-                .collect(),
-                rxe_server: true,
-                ours_ok: if tool.contains("lat") {
-                    "[usec]"
-                } else {
-                    "[Gb/sec]"
-                },
-                rxe_ok: "",
-            });
+            let size = (*tool != "atomic_lat").then_some(s);
+            cases.push(perf_case("", tool, ours, size, n, true));
         }
     }
     if !quick {
@@ -784,38 +747,21 @@ fn interop(quick: bool, keep_vm: bool, only: Option<&str>) -> Result<()> {
             ("read_bw", "read-bw", 65536),
             ("send_bw", "send-bw", 5000),
         ] {
-            let size_arg = if tool == "atomic_lat" {
-                String::new()
-            } else {
-                format!(" -s {size}")
-            };
-            cases.push(Case {
-                name: format!("ib_{tool}{size_arg} -n 20, rxe client"),
-                rxe: format!("ib_{tool} -d rxe0 -x 1{size_arg} -n 20 10.99.0.1"),
-                ours: format!("bench {ours} --dev rxehost0{size_arg} -n 20 --peer-timeout 60")
-                    .split_whitespace()
-                    .map(String::from)
-                    .collect(),
-                rxe_server: false,
-                ours_ok: if tool.contains("lat") {
-                    "[usec]"
-                } else {
-                    "[Gb/sec]"
-                },
-                rxe_ok: if tool.contains("lat") {
-                    "usec"
-                } else {
-                    "MsgRate"
-                },
-            });
+            let size = (tool != "atomic_lat").then_some(size);
+            cases.push(perf_case("", tool, ours, size, 20, false));
         }
     }
     let mut results = Vec::new();
+    // rxe's error counters are read around every clean case: a case that
+    // moves one fails the check below, unless the host dropped frames on
+    // their way into the emulated VM meanwhile (the guest falls behind line
+    // rate), which is reported as the explanation.
     let counters_before = rxe_counters(&script);
     let mut prev = counters_before.as_ref().ok().cloned();
-    // Counter movements per case: (case, moves, frames the host dropped).
+    let mut counters_unread = prev.is_none();
     let mut explained: Vec<String> = Vec::new();
-    let mut unexplained: std::collections::HashMap<String, i64> = Default::default();
+    let mut unexplained: Vec<String> = Vec::new();
+    let get = |m: &Counters, k: &str| m.get(k).copied().unwrap_or(0);
     for c in cases
         .iter()
         .filter(|c| only.is_none_or(|o| c.name.contains(o)))
@@ -824,31 +770,29 @@ fn interop(quick: bool, keep_vm: bool, only: Option<&str>) -> Result<()> {
         let start = Instant::now();
         let r = run_case(&script, &b, c);
         let secs = start.elapsed().as_secs_f64();
-        // Which case moved rxe's error counters, and did the emulated link
-        // (the VM's tap queue) drop frames meanwhile?
         let now = rxe_counters(&script).ok();
-        let moved = match (&prev, &now) {
+        let moved: Vec<String> = match (&prev, &now) {
             (Some(p), Some(n)) => RXE_ERROR_COUNTERS
                 .iter()
-                .filter_map(|k| {
-                    let d = n.get(*k).copied().unwrap_or(0) - p.get(*k).copied().unwrap_or(0);
-                    (d != 0).then(|| format!("{k} +{d}"))
-                })
-                .collect::<Vec<_>>(),
-            _ => Vec::new(),
+                .map(|k| (k, get(n, k) - get(p, k)))
+                .filter(|(_, d)| *d != 0)
+                .map(|(k, d)| format!("{k} +{d}"))
+                .collect(),
+            _ => {
+                counters_unread = true;
+                Vec::new()
+            }
         };
         prev = now;
         let tap = tap_tx_dropped() - tap0;
         let note = if moved.is_empty() {
             String::new()
         } else {
+            let what = format!("{} ({})", c.name, moved.join(", "));
             if tap > 0 {
-                explained.push(format!("{} ({}; {tap} dropped)", c.name, moved.join(", ")));
+                explained.push(format!("{what}, {tap} frames dropped into the VM"));
             } else {
-                for m in &moved {
-                    let (k, v) = m.split_once(" +").unwrap_or((m, "0"));
-                    *unexplained.entry(k.to_string()).or_default() += v.parse::<i64>().unwrap_or(0);
-                }
+                unexplained.push(what);
             }
             format!(
                 "  [rxe counters: {}; host dropped {tap} frames into the VM]",
@@ -861,44 +805,34 @@ fn interop(quick: bool, keep_vm: bool, only: Option<&str>) -> Result<()> {
         }
         results.push(r.is_ok());
     }
-    // A clean run leaves rxe's error counters where they were.
-    match (counters_before, rxe_counters(&script)) {
-        (Ok(b), Ok(a)) => {
-            let d = |k: &str| a.get(k).copied().unwrap_or(0) - b.get(k).copied().unwrap_or(0);
-            // Cases during which the host dropped frames into the emulated
-            // VM (it falls behind line rate) explain their counters; any
-            // other movement fails.
+    match (&counters_before, &prev) {
+        (Ok(b), Some(a)) if !counters_unread => {
             if !explained.is_empty() {
                 println!(
                     "note  rxe counters moved where the host dropped frames into the VM: {}",
                     explained.join("; ")
                 );
             }
-            let mut bad: Vec<String> = unexplained
-                .iter()
-                .map(|(k, v)| format!("{k} +{v}"))
-                .collect();
-            bad.sort();
+            let ok = unexplained.is_empty();
             println!(
                 "{}  {:<55} {} packets sent, {} received by rxe{}",
-                if bad.is_empty() { "PASS" } else { "FAIL" },
+                if ok { "PASS" } else { "FAIL" },
                 "rxe error counters unchanged by the clean cases",
-                d("sent_pkts"),
-                d("rcvd_pkts"),
-                if bad.is_empty() {
+                get(a, "sent_pkts") - get(b, "sent_pkts"),
+                get(a, "rcvd_pkts") - get(b, "rcvd_pkts"),
+                if ok {
                     String::new()
                 } else {
-                    format!(": {}", bad.join(", "))
+                    format!(": {}", unexplained.join("; "))
                 }
             );
-            results.push(bad.is_empty());
+            results.push(ok);
         }
-        (b, a) => {
+        _ => {
             println!(
-                "FAIL  {:<55} {:?} {:?}",
+                "FAIL  {:<55} {:?}",
                 "read rxe's counters",
-                b.err(),
-                a.err()
+                counters_before.as_ref().err()
             );
             results.push(false);
         }
@@ -957,17 +891,7 @@ fn interop(quick: bool, keep_vm: bool, only: Option<&str>) -> Result<()> {
     let check = run_case(
         &script,
         &b,
-        &Case {
-            name: "capture".into(),
-            rxe: "ibv_rc_pingpong -d rxe0 -g 1 -s 4096 -n 20 -c".into(),
-            ours: "pingpong 10.99.0.2 --dev rxehost0 -s 4096 -n 20 -c"
-                .split_whitespace()
-                .map(String::from)
-                .collect(),
-            rxe_server: true,
-            ours_ok: "20 iters in",
-            rxe_ok: "20 iters in",
-        },
+        &pingpong_case("capture: ", 4096, 20, true, false),
     );
     std::thread::sleep(Duration::from_millis(500));
     let _ = sh(Command::new(&script)
@@ -1029,8 +953,10 @@ fn tap_tx_dropped() -> i64 {
         .unwrap_or(0)
 }
 
+type Counters = std::collections::HashMap<String, i64>;
+
 /// `rdma statistic show link rxe0/1` in the VM, as name -> value.
-fn rxe_counters(script: &Path) -> Result<std::collections::HashMap<String, i64>> {
+fn rxe_counters(script: &Path) -> Result<Counters> {
     let out = Command::new(script)
         .args([
             "exec",
@@ -1046,7 +972,7 @@ fn rxe_counters(script: &Path) -> Result<std::collections::HashMap<String, i64>>
         .output()?;
     let text = String::from_utf8_lossy(&out.stdout);
     let words: Vec<&str> = text.split_whitespace().skip(2).collect();
-    let m: std::collections::HashMap<String, i64> = words
+    let m: Counters = words
         .chunks(2)
         .filter_map(|p| Some((p.first()?.to_string(), p.get(1)?.parse().ok()?)))
         .collect();
@@ -1056,33 +982,72 @@ fn rxe_counters(script: &Path) -> Result<std::collections::HashMap<String, i64>>
     Ok(m)
 }
 
-/// ibv_rc_pingpong with its data check against our `rdma pingpong`.
-fn pingpong_case(prefix: &str, s: usize, n: u32, rxe_server: bool) -> Case {
+/// ibv_rc_pingpong with its data check against our `rdma pingpong`, over
+/// the IPv4 GIDs or the IPv6 ones.
+fn pingpong_case(prefix: &str, s: usize, n: u32, rxe_server: bool, v6: bool) -> Case {
     let role = if rxe_server { "server" } else { "client" };
+    let (gid, our_ip, local) = if v6 {
+        // rc_pingpong's server listens on IPv4 only: TCP over IPv4, RoCE
+        // over the IPv6 GIDs.
+        (2, "fd99::1", " --local-ip fd99::1")
+    } else {
+        (1, "10.99.0.1", "")
+    };
     Case {
         name: format!("{prefix}ibv_rc_pingpong -s {s} -n {n} -c, rxe {role}"),
         rxe: format!(
-            "ibv_rc_pingpong -d rxe0 -g 1 -s {s} -n {n} -c{}",
-            if rxe_server { "" } else { " 10.99.0.1" }
+            "ibv_rc_pingpong -d rxe0 -g {gid} -s {s} -n {n} -c{}",
+            if rxe_server {
+                String::new()
+            } else {
+                format!(" {our_ip}")
+            }
         ),
         ours: format!(
-            "pingpong{} --dev rxehost0 -s {s} -n {n} -c",
+            "pingpong{} --dev rxehost0 -s {s} -n {n} -c{local}",
             if rxe_server { " 10.99.0.2" } else { "" }
         )
         .split_whitespace()
         .map(String::from)
         .collect(),
         rxe_server,
-        ours_ok: if n == 50 {
-            "50 iters in"
-        } else {
-            "100 iters in"
-        },
-        rxe_ok: if n == 50 {
-            "50 iters in"
-        } else {
-            "100 iters in"
-        },
+        ours_ok: format!("{n} iters in"),
+        rxe_ok: format!("{n} iters in"),
+    }
+}
+
+/// A perftest tool in the VM against our `rdma bench`: rxe as the server
+/// (our client must print its result) or as the client (both must).
+fn perf_case(
+    prefix: &str,
+    tool: &str,
+    ours: &str,
+    size: Option<usize>,
+    n: u32,
+    rxe_server: bool,
+) -> Case {
+    let size_arg = size.map(|s| format!(" -s {s}")).unwrap_or_default();
+    let lat = tool.contains("lat");
+    let (role, server_arg, our_server) = if rxe_server {
+        ("server", "", " 10.99.0.2")
+    } else {
+        ("client", " 10.99.0.1", "")
+    };
+    Case {
+        name: format!("{prefix}ib_{tool}{size_arg} -n {n}, rxe {role}"),
+        rxe: format!("ib_{tool} -d rxe0 -x 1{size_arg} -n {n}{server_arg}"),
+        ours: format!("bench {ours}{our_server} --dev rxehost0{size_arg} -n {n} --peer-timeout 60")
+            .split_whitespace()
+            .map(String::from)
+            .collect(),
+        rxe_server,
+        ours_ok: if lat { "[usec]" } else { "[Gb/sec]" }.into(),
+        rxe_ok: match (rxe_server, lat) {
+            (true, _) => "",
+            (false, true) => "usec",
+            (false, false) => "MsgRate",
+        }
+        .into(),
     }
 }
 
@@ -1090,32 +1055,29 @@ fn pingpong_case(prefix: &str, s: usize, n: u32, rxe_server: bool) -> Case {
 /// by rc_pingpong on both sides, completion counts by perftest.
 fn loss_cases(quick: bool) -> Vec<Case> {
     let mut v = Vec::new();
-    let words = |s: String| s.split_whitespace().map(String::from).collect::<Vec<_>>();
     let sizes: &[usize] = if quick { &[4096] } else { &[4096, 65536] };
     for &s in sizes {
         for rxe_server in [true, false] {
-            v.push(pingpong_case("1% loss: ", s, 100, rxe_server));
+            v.push(pingpong_case("1% loss: ", s, 100, rxe_server, false));
         }
     }
     if !quick {
-        v.push(Case {
-            name: "1% loss: ib_read_bw -s 65536 -n 50, rxe server".into(),
-            rxe: "ib_read_bw -d rxe0 -x 1 -s 65536 -n 50".into(),
-            ours: words(
-                "bench read-bw 10.99.0.2 --dev rxehost0 -s 65536 -n 50 --peer-timeout 60".into(),
-            ),
-            rxe_server: true,
-            ours_ok: "[Gb/sec]",
-            rxe_ok: "",
-        });
-        v.push(Case {
-            name: "1% loss: ib_write_bw -s 65536 -n 50, rxe client".into(),
-            rxe: "ib_write_bw -d rxe0 -x 1 -s 65536 -n 50 10.99.0.1".into(),
-            ours: words("bench write-bw --dev rxehost0 -s 65536 -n 50 --peer-timeout 60".into()),
-            rxe_server: false,
-            ours_ok: "[Gb/sec]",
-            rxe_ok: "MsgRate",
-        });
+        v.push(perf_case(
+            "1% loss: ",
+            "read_bw",
+            "read-bw",
+            Some(65536),
+            50,
+            true,
+        ));
+        v.push(perf_case(
+            "1% loss: ",
+            "write_bw",
+            "write-bw",
+            Some(65536),
+            50,
+            false,
+        ));
     }
     v
 }
@@ -1125,7 +1087,7 @@ fn loss_cases(quick: bool) -> Vec<Case> {
 /// joins that namespace to the bridge. Removed (and the original wiring
 /// restored) on `remove` or drop.
 struct RxeRelay {
-    child: Option<std::process::Child>,
+    child: Option<Running>,
     stats: PathBuf,
 }
 
@@ -1134,10 +1096,7 @@ const RELAY_NS: &str = "rxerelay";
 
 impl RxeRelay {
     fn insert(bin: &str, flags: &str) -> Result<RxeRelay> {
-        let _ = Command::new("ip")
-            .args(["netns", "del", RELAY_NS])
-            .stderr(Stdio::null())
-            .status();
+        netns_del(RELAY_NS);
         let stats = std::env::temp_dir().join("rdma-rxe-relay.json");
         let _ = std::fs::remove_file(&stats);
         let mut r = RxeRelay { child: None, stats };
@@ -1153,7 +1112,7 @@ impl RxeRelay {
         ])?;
         ip(&["-n", RELAY_NS, "link", "set", "rxehost0p", "up"])?;
         ip(&["-n", RELAY_NS, "link", "set", "rxrly0", "up"])?;
-        r.child = Some(
+        r.child = Some(Running(
             Command::new("ip")
                 .args(["netns", "exec", RELAY_NS, bin, "--json", "relay"])
                 .args(["--a", "rxehost0p", "--b", "rxrly0", "--stats-file"])
@@ -1162,7 +1121,7 @@ impl RxeRelay {
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()?,
-        );
+        ));
         std::thread::sleep(Duration::from_millis(300));
         Ok(r)
     }
@@ -1170,16 +1129,12 @@ impl RxeRelay {
     /// Stops the relay, restores the wiring, returns the relay's counters.
     fn remove(mut self) -> Value {
         self.restore();
-        std::fs::read_to_string(&self.stats)
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok())
-            .unwrap_or(Value::Null)
+        read_json(&self.stats).unwrap_or(Value::Null)
     }
 
     fn restore(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = terminate(&mut c);
-        }
+        // Stopping the relay makes it write its counters.
+        self.child = None;
         let q = |args: &[&str]| {
             let _ = Command::new("ip").args(args).stderr(Stdio::null()).status();
         };
@@ -1195,7 +1150,7 @@ impl RxeRelay {
             "up",
         ]);
         q(&["-n", RXE_NS, "link", "del", "rxrly1"]);
-        q(&["netns", "del", RELAY_NS]);
+        netns_del(RELAY_NS);
     }
 }
 
@@ -1234,13 +1189,13 @@ fn run_case(script: &Path, bin: &str, c: &Case) -> Result<()> {
             String::from_utf8_lossy(&ours.stdout),
             String::from_utf8_lossy(&rxe.stdout),
         );
-        if !ours.status.success() || !o.contains(c.ours_ok) {
+        if !ours.status.success() || !o.contains(&c.ours_ok) {
             let _ = Command::new(script)
                 .args(["exec", "-v", "a", "--", &format!("kill {pid}")])
                 .output();
             bail!("ours: {}", tail(&ours));
         }
-        if !rxe.status.success() || !r.contains(c.rxe_ok) {
+        if !rxe.status.success() || !r.contains(&c.rxe_ok) {
             bail!("rxe: {}", tail(&rxe));
         }
     } else {
@@ -1271,10 +1226,10 @@ fn run_case(script: &Path, bin: &str, c: &Case) -> Result<()> {
             String::from_utf8_lossy(&ours.stdout),
             String::from_utf8_lossy(&rxe.stdout),
         );
-        if !rxe.status.success() || !r.contains(c.rxe_ok) {
+        if !rxe.status.success() || !r.contains(&c.rxe_ok) {
             bail!("rxe: {}", tail(&rxe));
         }
-        if !ours.status.success() || !o.contains(c.ours_ok) {
+        if !ours.status.success() || !o.contains(&c.ours_ok) {
             bail!("ours: {}", tail(&ours));
         }
     }
@@ -1340,17 +1295,7 @@ struct Job {
 fn bench(quick: bool) -> Result<()> {
     let bin = build(true)?;
     let ns = ["rdmabench-a".to_string(), "rdmabench-b".to_string()];
-    for n in &ns {
-        let _ = Command::new("ip")
-            .args(["netns", "del", n])
-            .stderr(Stdio::null())
-            .status();
-    }
-    let lab = Lab {
-        ns: ns.to_vec(),
-        pids: Vec::new(),
-        keep: false,
-    };
+    let lab = Lab::fresh(&ns, false);
     let addrs = ["10.89.0.1", "10.89.0.2"];
     let devs = ["rbench-a", "rbench-b"];
     veth_pair(&ns, devs, addrs)?;
@@ -1444,10 +1389,7 @@ fn bench(quick: bool) -> Result<()> {
             continue;
         }
         let file = if job.from_server { &sj } else { &cj };
-        match std::fs::read_to_string(file)
-            .ok()
-            .and_then(|t| serde_json::from_str::<Vec<Value>>(&t).ok())
-        {
+        match read_json(file).and_then(|v| v.as_array().cloned()) {
             Some(v) => records.extend(v),
             None => eprintln!(
                 "   no result ({})",
@@ -1479,8 +1421,12 @@ fn bench(quick: bool) -> Result<()> {
 
 /// Stops a child with SIGTERM (so it reports) and waits for it.
 fn terminate(child: &mut std::process::Child) -> Result<()> {
+    if child.try_wait()?.is_some() {
+        return Ok(());
+    }
     let _ = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
+        .stderr(Stdio::null())
         .status();
     let deadline = Instant::now() + Duration::from_secs(5);
     while child.try_wait()?.is_none() {
@@ -1492,6 +1438,21 @@ fn terminate(child: &mut std::process::Child) -> Result<()> {
     Ok(())
 }
 
+/// A JSON file a tool wrote, if it is there and parses.
+fn read_json(path: &Path) -> Option<Value> {
+    serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+}
+
+/// A helper process that is stopped (SIGTERM, then SIGKILL) when this
+/// goes out of scope, also when the run fails half-way.
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = terminate(&mut self.0);
+    }
+}
+
 fn soak(ops: u64, seed: u64) -> Result<()> {
     let bin = build(true)?;
     let ns = [
@@ -1499,17 +1460,7 @@ fn soak(ops: u64, seed: u64) -> Result<()> {
         "rdmasoak-r".to_string(),
         "rdmasoak-b".to_string(),
     ];
-    for n in &ns {
-        let _ = Command::new("ip")
-            .args(["netns", "del", n])
-            .stderr(Stdio::null())
-            .status();
-    }
-    let lab = Lab {
-        ns: ns.to_vec(),
-        pids: Vec::new(),
-        keep: false,
-    };
+    let lab = Lab::fresh(&ns, false);
     let devs = ["rsoak-a", "rsoak-ra", "rsoak-rb", "rsoak-b"];
     let addrs = ["10.88.0.1", "10.88.0.2"];
     relay_topology(&ns, devs, addrs)?;
@@ -1534,22 +1485,27 @@ fn soak(ops: u64, seed: u64) -> Result<()> {
         let cj = out_dir.join("client.json");
         let _ = std::fs::remove_file(&rj);
         let _ = std::fs::remove_file(&cj);
-        let mut relay = Command::new("ip")
-            .args(["netns", "exec", &ns[1]])
-            .arg(&bin)
-            .args(["--json", "relay", "--a", devs[1], "--b", devs[2]])
-            .args(["--seed", &seed.to_string(), "--stats-file"])
-            .arg(&rj)
-            .args(flags.split_whitespace())
-            .stdout(Stdio::null())
-            .spawn()?;
-        let mut server = Command::new("ip")
-            .args(["netns", "exec", &ns[2]])
-            .arg(&bin)
-            .args(["soak", "--dev", devs[3], "--seed", &seed.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()?;
+        let sl = out_dir.join("server.log");
+        let relay = Running(
+            Command::new("ip")
+                .args(["netns", "exec", &ns[1]])
+                .arg(&bin)
+                .args(["--json", "relay", "--a", devs[1], "--b", devs[2]])
+                .args(["--seed", &seed.to_string(), "--stats-file"])
+                .arg(&rj)
+                .args(flags.split_whitespace())
+                .stdout(Stdio::null())
+                .spawn()?,
+        );
+        let mut server = Running(
+            Command::new("ip")
+                .args(["netns", "exec", &ns[2]])
+                .arg(&bin)
+                .args(["soak", "--dev", devs[3], "--seed", &seed.to_string()])
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&sl)?)
+                .spawn()?,
+        );
         std::thread::sleep(Duration::from_millis(400));
         let client = Command::new("ip")
             .args(["netns", "exec", &ns[0]])
@@ -1561,19 +1517,14 @@ fn soak(ops: u64, seed: u64) -> Result<()> {
             .stderr(Stdio::inherit())
             .status()?;
         let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline && server.try_wait()?.is_none() {
+        while Instant::now() < deadline && server.0.try_wait()?.is_none() {
             std::thread::sleep(Duration::from_millis(50));
         }
-        let _ = server.kill();
-        let sout = server.wait_with_output()?;
-        terminate(&mut relay)?;
-        let rep: Option<Value> = std::fs::read_to_string(&cj)
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok());
-        let relay_rep: Value = std::fs::read_to_string(&rj)
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok())
-            .unwrap_or(Value::Null);
+        drop(server);
+        // Stopping the relay makes it write its counters.
+        drop(relay);
+        let rep = read_json(&cj);
+        let relay_rep: Value = read_json(&rj).unwrap_or(Value::Null);
         match rep {
             Some(r) if client.success() => rows.push(json!({
                 "fault": name, "relay_flags": flags, "report": r, "relay": relay_rep
@@ -1585,7 +1536,7 @@ fn soak(ops: u64, seed: u64) -> Result<()> {
                     other
                         .map(|r| r["first_error"].to_string())
                         .unwrap_or_default(),
-                    String::from_utf8_lossy(&sout.stderr).trim()
+                    std::fs::read_to_string(&sl).unwrap_or_default().trim()
                 ));
                 rows.push(json!({"fault": name, "relay_flags": flags, "report": Value::Null, "relay": relay_rep}));
             }

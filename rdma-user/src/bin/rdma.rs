@@ -604,16 +604,7 @@ fn run(cli: Cli) -> Result<()> {
                 roce_only: !r.all_traffic,
                 ..Default::default()
             };
-            for (name, p) in [
-                ("loss", r.loss),
-                ("reorder", r.reorder),
-                ("dup", r.dup),
-                ("corrupt", r.corrupt),
-            ] {
-                if !(0.0..=1.0).contains(&p) {
-                    bail!("--{name} {p}: a probability between 0 and 1 (0.05 = 5 %)");
-                }
-            }
+            cfg.validate().map_err(|e| anyhow!(e))?;
             eprintln!("relay {} <-> {}: {}", r.a, r.b, cfg.describe());
             let rep = rdma_user::relay::run(
                 &r.a,
@@ -1061,8 +1052,7 @@ fn soak(a: SoakArgs) -> Result<()> {
         (serde_json::to_string_pretty(&r)?, r.clean())
     } else {
         let r = rdma_user::soak::serve(&o)?;
-        let clean = r.sends_out_of_order == 0 && r.sends_corrupted == 0 && r.recv_errors == 0;
-        (serde_json::to_string_pretty(&r)?, clean)
+        (serde_json::to_string_pretty(&r)?, r.clean())
     };
     if let Some(f) = a.json_file {
         std::fs::write(&f, &out).with_context(|| format!("write {}", f.display()))?;

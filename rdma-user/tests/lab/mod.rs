@@ -25,8 +25,16 @@ pub struct Lab {
     pub dev: [String; 2],
     pub addr: [String; 2],
     pub daemons: [Option<Child>; 2],
-    /// With a relay: its namespace and its two interfaces (towards A, B).
-    pub relay: Option<(String, [String; 2])>,
+    pub relay: Option<Relay>,
+}
+
+/// The middle namespace of a relayed lab.
+pub struct Relay {
+    pub ns: String,
+    /// Its interfaces towards A and towards B.
+    pub dev: [String; 2],
+    /// The running `rdma relay`, killed with the lab if a test fails.
+    proc: Option<Child>,
 }
 
 fn ip(args: &[&str]) {
@@ -36,8 +44,7 @@ fn ip(args: &[&str]) {
 
 impl Lab {
     pub fn new(mtu: u32) -> Lab {
-        let lab = Lab::new_empty();
-        Self::build(lab, mtu, false)
+        Self::build(Lab::new_empty(), mtu)
     }
 
     /// Host A - relay namespace - host B; frames between A and B pass the
@@ -46,8 +53,12 @@ impl Lab {
         let mut lab = Lab::new_empty();
         let tag = lab.ns[0].trim_end_matches("-a").to_string();
         let rdev = [format!("{}ra", lab.dev[0]), format!("{}rb", lab.dev[0])];
-        lab.relay = Some((format!("{tag}-r"), rdev));
-        Self::build(lab, mtu, true)
+        lab.relay = Some(Relay {
+            ns: format!("{tag}-r"),
+            dev: rdev,
+            proc: None,
+        });
+        Self::build(lab, mtu)
     }
 
     fn new_empty() -> Lab {
@@ -63,12 +74,15 @@ impl Lab {
         }
     }
 
-    fn build(lab: Lab, mtu: u32, relayed: bool) -> Lab {
+    fn build(lab: Lab, mtu: u32) -> Lab {
         let (ns, dev, addr) = (lab.ns.clone(), lab.dev.clone(), lab.addr.clone());
         for s in &ns {
             ip(&["netns", "add", s]);
         }
-        if let (true, Some((rns, rdev))) = (relayed, &lab.relay) {
+        if let Some(Relay {
+            ns: rns, dev: rdev, ..
+        }) = &lab.relay
+        {
             ip(&["netns", "add", rns]);
             for i in 0..2 {
                 ip(&[
@@ -110,19 +124,35 @@ impl Lab {
     }
 
     /// Starts `rdma relay` between A and B with these impairment flags;
-    /// stop it with `stop_relay` to read its counters.
-    pub fn start_relay(&self, flags: &[&str]) -> Child {
-        let (rns, rdev) = self.relay.as_ref().expect("a lab with a relay");
+    /// `stop_relay` reads its counters.
+    pub fn start_relay(&mut self, flags: &[&str]) {
+        let r = self.relay.as_mut().expect("a lab with a relay");
         let c = Command::new("ip")
-            .args(["netns", "exec", rns, BIN, "--json", "relay"])
-            .args(["--a", &rdev[0], "--b", &rdev[1]])
+            .args(["netns", "exec", &r.ns, BIN, "--json", "relay"])
+            .args(["--a", &r.dev[0], "--b", &r.dev[1]])
             .args(flags)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .expect("start relay");
+        r.proc = Some(c);
         std::thread::sleep(Duration::from_millis(200));
-        c
+    }
+
+    /// SIGTERMs the relay and returns its final counters.
+    pub fn stop_relay(&mut self) -> Value {
+        let c = self
+            .relay
+            .as_mut()
+            .and_then(|r| r.proc.take())
+            .expect("a running relay");
+        let out = terminate(c);
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "relay report: {e}; stderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
     }
 
     pub fn exec(&self, i: usize, prog: &str, args: &[&str]) -> Output {
@@ -194,11 +224,7 @@ impl Lab {
         let Some(c) = self.daemons[i].take() else {
             return String::new();
         };
-        // `ip netns exec` execs the daemon, so the child pid is the daemon.
-        let _ = Command::new("kill")
-            .args(["-TERM", &c.id().to_string()])
-            .status();
-        let out = wait_timeout(c, Duration::from_secs(10));
+        let out = terminate(c);
         String::from_utf8_lossy(&out.stderr).to_string()
     }
 
@@ -304,6 +330,15 @@ pub fn in_netns<T: Send + 'static>(
     })
 }
 
+/// SIGTERM (so it cleans up and reports), then wait up to 10 s and kill.
+/// `ip netns exec` execs its command, so the child's pid is the tool's.
+pub fn terminate(c: Child) -> Output {
+    let _ = Command::new("kill")
+        .args(["-TERM", &c.id().to_string()])
+        .status();
+    wait_timeout(c, Duration::from_secs(10))
+}
+
 pub fn wait_timeout(mut c: Child, t: Duration) -> Output {
     let deadline = Instant::now() + t;
     while Instant::now() < deadline {
@@ -320,13 +355,15 @@ impl Drop for Lab {
     fn drop(&mut self) {
         for i in 0..2 {
             if let Some(c) = self.daemons[i].take() {
-                let _ = Command::new("kill")
-                    .args(["-TERM", &c.id().to_string()])
-                    .status();
-                let _ = wait_timeout(c, Duration::from_secs(5));
+                terminate(c);
             }
         }
-        let relay_ns = self.relay.as_ref().map(|r| r.0.clone());
+        let relay_ns = self.relay.as_mut().map(|r| {
+            if let Some(c) = r.proc.take() {
+                terminate(c);
+            }
+            r.ns.clone()
+        });
         for s in self.ns.iter().chain(relay_ns.iter()) {
             let _ = Command::new("ip")
                 .args(["netns", "del", s])
@@ -334,18 +371,4 @@ impl Drop for Lab {
                 .status();
         }
     }
-}
-
-/// SIGTERM the relay and return its final counters.
-pub fn stop_relay(c: Child) -> Value {
-    let _ = Command::new("kill")
-        .args(["-TERM", &c.id().to_string()])
-        .status();
-    let out = wait_timeout(c, Duration::from_secs(5));
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "relay report: {e}; stderr: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
 }
