@@ -66,6 +66,8 @@ pub struct Options {
     pub cpu: Option<usize>,
     /// Seconds to wait for the peer (TCP) before giving up.
     pub connect_timeout: u64,
+    /// QPs (-q); bandwidth tests spread the messages over them.
+    pub qps: u32,
     pub quiet: bool,
 }
 
@@ -98,6 +100,8 @@ pub struct Record {
 }
 
 const VERSION: &[u8; 4] = b"6.06";
+/// Gb/s (10^9 bit) to perftest's MB/sec (2^20 bytes).
+const GBPS_TO_MBPS: f64 = 1e9 / 8.0 / 1_048_576.0;
 const KEY_LEN: usize = 108;
 
 fn mtu_enum(m: u32) -> u8 {
@@ -263,28 +267,49 @@ pub fn run(o: Options) -> Result<Vec<Record>> {
         .iter()
         .max()
         .ok_or_else(|| anyhow!("no message size"))?;
+    let nqp = o.qps.max(1) as usize;
+    if nqp > 1 && o.test.is_lat() {
+        bail!("-q {nqp}: latency tests run on one QP (as perftest's do); use -q with *-bw tests");
+    }
     let mut dev = Device::open(&o.iface, crate::xdp::XdpMode::Auto, true)?;
     let timeout = Duration::from_secs(o.connect_timeout);
-    // perftest's buffer: two halves, ours to send from, the peer's target.
-    let half = max_size.max(64).div_ceil(4096) * 4096;
+    // perftest's buffer: one slot per QP to send from, then one per QP for
+    // the peer to target (BUFF_SIZE each).
+    let slot = max_size.max(64).div_ceil(4096) * 4096;
     let pd = dev.dp.core.alloc_pd();
-    let (addr, lkey, rkey) = dev.dp.core.reg_mr(pd, half * 2, Access::ALL)?;
+    let (addr, lkey, rkey) = dev.dp.core.reg_mr(pd, slot * 2 * nqp, Access::ALL)?;
     let rx_depth = if o.test == Test::SendBw {
         512
     } else {
         o.tx_depth.max(16)
     };
-    let cq = dev.dp.core.create_cq(4096)?;
-    let qpn = dev.dp.core.create_qp(
-        pd,
-        cq,
-        QpCap {
-            max_send_wr: o.tx_depth.max(1),
-            max_recv_wr: rx_depth,
-        },
-    )?;
-    dev.dp.core.modify_qp(qpn, &QpAttr::init(Access::ALL))?;
-    let psn = dev.dp.core.random_psn();
+    let cq = dev.dp.core.create_cq(4096 * nqp)?;
+    let out_reads = if o.test.uses_reads() { 16 } else { 1 };
+    let mut qps = Vec::with_capacity(nqp);
+    for i in 0..nqp {
+        let qpn = dev.dp.core.create_qp(
+            pd,
+            cq,
+            QpCap {
+                max_send_wr: o.tx_depth.max(1),
+                max_recv_wr: rx_depth,
+            },
+        )?;
+        dev.dp.core.modify_qp(qpn, &QpAttr::init(Access::ALL))?;
+        let target_off = (nqp + i) * slot;
+        qps.push(QpCtx {
+            qpn,
+            psn: dev.dp.core.random_psn(),
+            local: addr + (i * slot) as u64,
+            target_off,
+            peer: None,
+            recv_sg: [Sge {
+                addr: addr + target_off as u64,
+                length: max_size as u32,
+                lkey,
+            }],
+        });
+    }
 
     let s = oob_connect(o.server, o.port, timeout)?;
     s.set_nodelay(true)?;
@@ -306,77 +331,89 @@ pub fn run(o: Options) -> Result<Vec<Record>> {
     let m = oob.xchg(&mut dev, &[b'0' + mtu_enum(o.mtu), 0], timeout)?;
     let mtu = enum_mtu(m[0].wrapping_sub(b'0')).min(o.mtu);
     let local_ip = hostnet::local_addr_for(&o.iface, peer_addr)?;
-    let out_reads = if o.test.uses_reads() { 16 } else { 1 };
-    let ours = Keys {
+    let keys = |q: &QpCtx| Keys {
         out_reads,
-        qpn,
-        psn,
+        qpn: q.qpn,
+        psn: q.psn,
         rkey,
-        vaddr: addr + half as u64,
+        vaddr: addr + q.target_off as u64,
         gid: gid_of(local_ip),
     };
     // Latency tests exchange keys 4 times; write/read_bw 3 times; send_bw
     // a 4th time once the receiver has posted its receives (before traffic;
-    // seen between two rxe hosts).
+    // seen between two rxe hosts). The first two exchanges are one message
+    // per QP (before and after perftest's ctx_connect), the later ones carry
+    // QP 0's keys.
     let rounds = if o.test.is_lat() || o.test == Test::SendBw {
         4
     } else {
         3
     };
-    let mut peer: Option<Keys> = None;
     // SEND tests need receives posted before the peer may send.
-    let recv_sg = [Sge {
-        addr: addr + half as u64,
-        length: max_size as u32,
-        lkey,
-    }];
     if matches!(o.test, Test::SendLat | Test::SendBw) {
-        for _ in 0..rx_depth {
-            dev.dp.core.post_recv(
-                qpn,
-                &RecvWr {
-                    wr_id: 0,
-                    sg_list: &recv_sg,
-                },
-            )?;
+        for q in &qps {
+            for _ in 0..rx_depth {
+                dev.dp.core.post_recv(
+                    q.qpn,
+                    &RecvWr {
+                        wr_id: 0,
+                        sg_list: &q.recv_sg,
+                    },
+                )?;
+            }
         }
     }
-    for r in 0..rounds {
-        let k = parse_keys(&oob.xchg(&mut dev, &fmt_keys(&ours), timeout)?)?;
-        if r == 0 {
-            let peer_ip = gid_to_ip(&k.gid);
-            let peer_mac = hostnet::resolve_mac(&o.iface, peer_ip, Duration::from_secs(3))?;
-            dev.dp.core.connect_qp(
-                qpn,
-                Path {
-                    local_mac: dev.mac,
-                    peer_mac,
-                    local_ip,
-                    peer_ip,
-                    vlan: None,
-                },
-                &Connect {
-                    max_rd_atomic: k.out_reads.clamp(1, 16) as u8,
-                    ..Connect::new(k.qpn, k.psn, psn, mtu)
-                },
-            )?;
-            peer = Some(k);
-        }
+    let mut peer_mac = None;
+    for q in qps.iter_mut() {
+        let k = parse_keys(&oob.xchg(&mut dev, &fmt_keys(&keys(q)), timeout)?)?;
+        let peer_ip = gid_to_ip(&k.gid);
+        let mac = match peer_mac {
+            Some(m) => m,
+            None => *peer_mac.insert(hostnet::resolve_mac(
+                &o.iface,
+                peer_ip,
+                Duration::from_secs(3),
+            )?),
+        };
+        dev.dp.core.connect_qp(
+            q.qpn,
+            Path {
+                local_mac: dev.mac,
+                peer_mac: mac,
+                local_ip,
+                peer_ip,
+                vlan: None,
+            },
+            &Connect {
+                max_rd_atomic: k.out_reads.clamp(1, 16) as u8,
+                ..Connect::new(k.qpn, k.psn, q.psn, mtu)
+            },
+        )?;
+        q.peer = Some(k);
     }
-    let peer = peer.expect("at least one round");
+    for q in &qps {
+        oob.xchg(&mut dev, &fmt_keys(&keys(q)), timeout)?;
+    }
+    let ours = keys(&qps[0]);
+    for _ in 2..rounds {
+        oob.xchg(&mut dev, &fmt_keys(&ours), timeout)?;
+    }
     if !o.quiet {
-        eprintln!(
-            " local address: QPN 0x{qpn:04x} PSN 0x{psn:06x} RKey 0x{rkey:08x} VAddr 0x{:016x} GID {local_ip}",
-            ours.vaddr
-        );
-        eprintln!(
-            " remote address: QPN 0x{:04x} PSN 0x{:06x} RKey 0x{:08x} VAddr 0x{:016x} GID {}",
-            peer.qpn,
-            peer.psn,
-            peer.rkey,
-            peer.vaddr,
-            gid_to_ip(&peer.gid)
-        );
+        for q in &qps {
+            let (k, peer) = (keys(q), q.peer());
+            eprintln!(
+                " local address: QPN 0x{:04x} PSN 0x{:06x} RKey 0x{rkey:08x} VAddr 0x{:016x} GID {local_ip}",
+                k.qpn, k.psn, k.vaddr
+            );
+            eprintln!(
+                " remote address: QPN 0x{:04x} PSN 0x{:06x} RKey 0x{:08x} VAddr 0x{:016x} GID {}",
+                peer.qpn,
+                peer.psn,
+                peer.rkey,
+                peer.vaddr,
+                gid_to_ip(&peer.gid)
+            );
+        }
         if o.test.is_lat() {
             println!(" #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]");
         } else {
@@ -385,15 +422,7 @@ pub fn run(o: Options) -> Result<Vec<Record>> {
             );
         }
     }
-    let ctx = Ctx {
-        qpn,
-        cq,
-        lkey,
-        local: addr,
-        half,
-        peer,
-        recv_sg,
-    };
+    let ctx = Ctx { cq, lkey, qps };
     let mut records = Vec::new();
     for &size in &o.sizes {
         let rec = match o.test {
@@ -405,58 +434,58 @@ pub fn run(o: Options) -> Result<Vec<Record>> {
                     Record::default()
                 }
             }
-            _ => {
-                let r = if oob.client || o.test == Test::SendBw {
-                    stream(&mut dev, &ctx, &o, size, oob.client)?
-                } else {
-                    Record::default()
-                };
-                if o.test == Test::SendBw {
-                    // Half-duplex send_bw: both sides measured their own
-                    // side; no barrier and no reports after the traffic.
-                    if !o.quiet {
-                        print_record(&r);
-                    }
-                    records.push(r);
-                    continue;
-                }
-                // "client finished" barrier, then the BW report.
-                oob.xchg(&mut dev, &fmt_keys(&ours), Duration::from_secs(3600))?;
-                let mut rep = Vec::new();
-                rep.extend_from_slice(&(size as u64).to_be_bytes());
-                rep.extend_from_slice(&r.iters.to_be_bytes());
-                for x in [r.bw_peak_gbps, r.bw_avg_gbps, r.msg_rate_mpps] {
-                    rep.extend_from_slice(&x.unwrap_or(0.0).to_bits().to_be_bytes());
-                }
-                let mut peer_rep = Vec::new();
-                for chunk in rep.chunks(8) {
-                    peer_rep.extend(oob.xchg(&mut dev, chunk, timeout)?);
-                }
-                if !oob.client && o.test != Test::SendBw {
-                    // The server reports the client's numbers, as perftest does.
-                    let f = |i: usize| {
-                        f64::from_bits(u64::from_be_bytes(
-                            peer_rep[i * 8..i * 8 + 8].try_into().unwrap(),
-                        ))
-                    };
-                    Record {
-                        test: o.test.name().into(),
-                        bytes: size,
-                        iters: u64::from_be_bytes(peer_rep[8..16].try_into().unwrap()),
-                        bw_peak_gbps: Some(f(2)),
-                        bw_avg_gbps: Some(f(3)),
-                        msg_rate_mpps: Some(f(4)),
-                        ..Default::default()
-                    }
-                } else {
-                    r
-                }
+            // send_bw: both sides measure their own side.
+            _ if oob.client || o.test == Test::SendBw => {
+                stream(&mut dev, &ctx, &o, size, oob.client)?
             }
+            _ => Record::default(),
         };
         if !rec.test.is_empty() && !o.quiet {
             print_record(&rec);
         }
         records.push(rec);
+    }
+    if matches!(o.test, Test::WriteBw | Test::ReadBw) {
+        // Once after all sizes (also with -a): the "client finished"
+        // barrier, then the client's report of its last size; the server
+        // prints that, as perftest's does.
+        oob.xchg(&mut dev, &fmt_keys(&ours), Duration::from_secs(3600))?;
+        let r = records.last().cloned().unwrap_or_default();
+        let mut rep = Vec::new();
+        rep.extend_from_slice(&(r.bytes as u64).to_be_bytes());
+        rep.extend_from_slice(&r.iters.to_be_bytes());
+        // perftest reports bandwidth in its default unit, MB/sec (2^20
+        // bytes), and prints the peer's numbers in that unit.
+        let bw = |g: Option<f64>| g.unwrap_or(0.0) * GBPS_TO_MBPS;
+        for x in [
+            bw(r.bw_peak_gbps),
+            bw(r.bw_avg_gbps),
+            r.msg_rate_mpps.unwrap_or(0.0),
+        ] {
+            rep.extend_from_slice(&x.to_bits().to_be_bytes());
+        }
+        let mut peer_rep = Vec::new();
+        for chunk in rep.chunks(8) {
+            peer_rep.extend(oob.xchg(&mut dev, chunk, timeout)?);
+        }
+        if !oob.client {
+            let word =
+                |i: usize| u64::from_be_bytes(peer_rep[i * 8..i * 8 + 8].try_into().unwrap());
+            let f = |i: usize| f64::from_bits(word(i));
+            let rec = Record {
+                test: o.test.name().into(),
+                bytes: word(0) as usize,
+                iters: word(1),
+                bw_peak_gbps: Some(f(2) / GBPS_TO_MBPS),
+                bw_avg_gbps: Some(f(3) / GBPS_TO_MBPS),
+                msg_rate_mpps: Some(f(4)),
+                ..Default::default()
+            };
+            if !o.quiet {
+                print_record(&rec);
+            }
+            records.push(rec);
+        }
     }
     // Closing: every test but write_lat exchanges keys once more, then both
     // write "done".
@@ -496,13 +525,26 @@ pub fn print_record(r: &Record) {
 }
 
 struct Ctx {
-    qpn: u32,
     cq: u32,
     lkey: u32,
+    qps: Vec<QpCtx>,
+}
+
+/// One of the test's QPs: where it sends from, where the peer writes to.
+struct QpCtx {
+    qpn: u32,
+    psn: u32,
     local: u64,
-    half: usize,
-    peer: Keys,
+    /// Offset in the MR of the slot the peer targets.
+    target_off: usize,
+    peer: Option<Keys>,
     recv_sg: [Sge; 1],
+}
+
+impl QpCtx {
+    fn peer(&self) -> &Keys {
+        self.peer.as_ref().expect("connected before use")
+    }
 }
 
 /// Latency statistics the way perftest reports them: per-iteration times,
@@ -558,15 +600,21 @@ fn done(o: &Options, n: u64, start: Instant) -> bool {
     }
 }
 
-/// write_lat / send_lat: both sides ping-pong, in perftest's loop order (the
-/// client sends first); latency is half the time between one's consecutive
-/// sends (RTT/2), as perftest defines it.
+/// write_lat / send_lat: both sides ping-pong, in perftest's loop order;
+/// latency is half the time between one's consecutive sends (RTT/2), as
+/// perftest defines it.
 fn pingpong(dev: &mut Device, c: &Ctx, o: &Options, size: usize) -> Result<Record> {
-    let client = o.server.is_some();
+    // perftest's send_lat lets the client send first (the server waits for
+    // a RECV), but its write_lat lets the server write first
+    // (run_iter_lat_write skips the first poll on the SERVER). Both sides
+    // sending first deadlocks at iteration 2: each then waits for the
+    // value 1 while the peer's second WRITE has already made it 2.
+    let sends_first = (o.server.is_some()) == (o.test == Test::SendLat);
     let iters = o.iters;
+    let q = &c.qps[0];
     let post_at = size.max(1) - 1;
     let sg = [Sge {
-        addr: c.local,
+        addr: q.local,
         length: size as u32,
         lkey: c.lkey,
     }];
@@ -577,9 +625,9 @@ fn pingpong(dev: &mut Device, c: &Ctx, o: &Options, size: usize) -> Result<Recor
     };
     let mut times = Vec::with_capacity(iters as usize + 1);
     let (mut scnt, mut rcnt) = (0u64, 0u64);
-    let poll_off = c.half + post_at;
+    let poll_off = q.target_off + post_at;
     while scnt < iters || rcnt < iters {
-        if rcnt < iters && !(scnt < 1 && client) {
+        if rcnt < iters && !(scnt < 1 && sends_first) {
             rcnt += 1;
             if o.test == Test::WriteLat {
                 // The peer's WRITE carries the iteration in its last byte.
@@ -602,10 +650,10 @@ fn pingpong(dev: &mut Device, c: &Ctx, o: &Options, size: usize) -> Result<Recor
                     Duration::from_secs(o.connect_timeout),
                 )?;
                 dev.dp.core.post_recv(
-                    c.qpn,
+                    q.qpn,
                     &RecvWr {
                         wr_id: 0,
-                        sg_list: &c.recv_sg,
+                        sg_list: &q.recv_sg,
                     },
                 )?;
             }
@@ -615,9 +663,9 @@ fn pingpong(dev: &mut Device, c: &Ctx, o: &Options, size: usize) -> Result<Recor
             dev.dp.core.mem.by_lkey_mut(c.lkey).expect("mr").bytes_mut()[post_at] = scnt as u8;
             times.push(Instant::now());
             let mut wr = SendWr::new(scnt, op, &sg);
-            wr.remote_addr = c.peer.vaddr;
-            wr.rkey = c.peer.rkey;
-            dev.dp.core.post_send(c.qpn, &wr)?;
+            wr.remote_addr = q.peer().vaddr;
+            wr.rkey = q.peer().rkey;
+            dev.dp.core.post_send(q.qpn, &wr)?;
             wait_wc(dev, c.cq, want, Duration::from_secs(o.connect_timeout))?;
         }
     }
@@ -625,15 +673,20 @@ fn pingpong(dev: &mut Device, c: &Ctx, o: &Options, size: usize) -> Result<Recor
         .windows(2)
         .map(|w| w[1].duration_since(w[0]).as_secs_f64() * 1e6 / 2.0)
         .collect();
-    Ok(lat_record(o.test.name(), size, us))
+    // n sends give n - 1 round trips; perftest still reports n iterations.
+    Ok(Record {
+        iters,
+        ..lat_record(o.test.name(), size, us)
+    })
 }
 
 /// read_lat / atomic_lat (client): one operation at a time, full round trip.
 fn one_sided_lat(dev: &mut Device, c: &Ctx, o: &Options, size: usize) -> Result<Record> {
     let atomic = o.test == Test::AtomicLat;
     let len = if atomic { 8 } else { size as u32 };
+    let q = &c.qps[0];
     let sg = [Sge {
-        addr: c.local,
+        addr: q.local,
         length: len,
         lkey: c.lkey,
     }];
@@ -650,11 +703,11 @@ fn one_sided_lat(dev: &mut Device, c: &Ctx, o: &Options, size: usize) -> Result<
             },
             &sg,
         );
-        wr.remote_addr = c.peer.vaddr;
-        wr.rkey = c.peer.rkey;
+        wr.remote_addr = q.peer().vaddr;
+        wr.rkey = q.peer().rkey;
         wr.compare_add = 1;
         let t = Instant::now();
-        dev.dp.core.post_send(c.qpn, &wr)?;
+        dev.dp.core.post_send(q.qpn, &wr)?;
         wait_wc(
             dev,
             c.cq,
@@ -668,42 +721,59 @@ fn one_sided_lat(dev: &mut Device, c: &Ctx, o: &Options, size: usize) -> Result<
         us.push(t.elapsed().as_secs_f64() * 1e6);
         n += 1;
     }
-    Ok(lat_record(o.test.name(), size, us))
+    // Atomics move 8 bytes whatever -s says; perftest prints 8.
+    Ok(lat_record(o.test.name(), len as usize, us))
 }
 
-/// write_bw / read_bw / send_bw: keep `tx_depth` operations outstanding.
-/// The receiving side of send_bw counts receives instead.
+/// write_bw / read_bw / send_bw: keep `tx_depth` operations outstanding on
+/// every QP (`iters` messages each, as perftest's -q). The receiving side of
+/// send_bw counts receives instead.
 fn stream(dev: &mut Device, c: &Ctx, o: &Options, size: usize, client: bool) -> Result<Record> {
-    let sg = [Sge {
-        addr: c.local,
-        length: size as u32,
-        lkey: c.lkey,
-    }];
-    let depth = if o.test == Test::ReadBw {
-        o.tx_depth.min(c.peer.out_reads.max(1)).min(16)
-    } else {
-        o.tx_depth
-    } as u64;
+    let nqp = c.qps.len();
+    let sgs: Vec<[Sge; 1]> = c
+        .qps
+        .iter()
+        .map(|q| {
+            [Sge {
+                addr: q.local,
+                length: size as u32,
+                lkey: c.lkey,
+            }]
+        })
+        .collect();
+    let depth = |q: &QpCtx| -> u64 {
+        let d = if o.test == Test::ReadBw {
+            o.tx_depth.min(q.peer().out_reads.max(1)).min(16)
+        } else {
+            o.tx_depth
+        };
+        d.into()
+    };
     let op = match o.test {
         Test::WriteBw => WrOpcode::RdmaWrite,
         Test::ReadBw => WrOpcode::RdmaRead,
         _ => WrOpcode::Send,
     };
     let start = Instant::now();
-    let (mut posted, mut completed) = (0u64, 0u64);
+    let mut posted = vec![0u64; nqp];
+    let mut done_per_qp = vec![0u64; nqp];
+    let mut completed = 0u64;
     let mut peak = 0f64;
     let mut window = (Instant::now(), 0u64);
+    let peak_span = c.qps.iter().map(depth).sum::<u64>() * 4;
     let mut last_progress = Instant::now();
     let mut wcs = [NO_WC; 64];
     let target_done = |n: u64| done(o, n, start);
     loop {
         if client {
-            while posted - completed < depth && !target_done(posted) {
-                let mut wr = SendWr::new(posted, op, &sg);
-                wr.remote_addr = c.peer.vaddr;
-                wr.rkey = c.peer.rkey;
-                dev.dp.core.post_send(c.qpn, &wr)?;
-                posted += 1;
+            for (i, q) in c.qps.iter().enumerate() {
+                while posted[i] - done_per_qp[i] < depth(q) && !target_done(posted[i]) {
+                    let mut wr = SendWr::new(posted[i], op, &sgs[i]);
+                    wr.remote_addr = q.peer().vaddr;
+                    wr.rkey = q.peer().rkey;
+                    dev.dp.core.post_send(q.qpn, &wr)?;
+                    posted[i] += 1;
+                }
             }
         }
         dev.dp.poll();
@@ -717,12 +787,16 @@ fn stream(dev: &mut Device, c: &Ctx, o: &Options, size: usize, client: bool) -> 
             if w.status != WcStatus::Success {
                 bail!("completion error: {}", crate::proto::status_name(w.status));
             }
+            let Some(i) = c.qps.iter().position(|q| q.qpn == w.qp_num) else {
+                bail!("completion for unknown QP 0x{:x}", w.qp_num);
+            };
+            done_per_qp[i] += 1;
             if !client {
                 dev.dp.core.post_recv(
-                    c.qpn,
+                    w.qp_num,
                     &RecvWr {
                         wr_id: 0,
-                        sg_list: &c.recv_sg,
+                        sg_list: &c.qps[i].recv_sg,
                     },
                 )?;
             }
@@ -731,20 +805,23 @@ fn stream(dev: &mut Device, c: &Ctx, o: &Options, size: usize, client: bool) -> 
             completed += n as u64;
             last_progress = Instant::now();
             // Peak: the best rate over any stretch of 4 x tx_depth messages.
-            if completed - window.1 >= depth * 4 {
+            if completed - window.1 >= peak_span {
                 let dt = window.0.elapsed().as_secs_f64();
                 peak = peak.max((completed - window.1) as f64 * size as f64 * 8.0 / dt / 1e9);
                 window = (Instant::now(), completed);
             }
         } else if last_progress.elapsed() > Duration::from_secs(5) {
-            bail!("no completion for 5 s ({completed} of {posted} done)");
+            bail!(
+                "no completion for 5 s ({completed} of {} done)",
+                posted.iter().sum::<u64>()
+            );
         }
         let finished = if client {
-            target_done(posted) && completed == posted
+            (0..nqp).all(|i| target_done(posted[i]) && done_per_qp[i] == posted[i])
         } else {
             match o.duration {
                 Some(_) => target_done(0) && last_progress.elapsed() > Duration::from_millis(200),
-                None => completed >= o.iters,
+                None => done_per_qp.iter().all(|&d| d >= o.iters),
             }
         };
         if finished {
@@ -756,6 +833,7 @@ fn stream(dev: &mut Device, c: &Ctx, o: &Options, size: usize, client: bool) -> 
     Ok(Record {
         test: o.test.name().into(),
         bytes: size,
+        // All QPs together, as perftest prints it.
         iters: completed,
         bw_peak_gbps: Some(peak.max(avg)),
         bw_avg_gbps: Some(avg),

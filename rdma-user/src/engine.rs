@@ -35,6 +35,14 @@ pub const MAX_INLINE: usize = 256;
 pub const MAX_RD_ATOMIC: u8 = 16;
 /// rxe's RXE_MAX_PKT_PER_ACK: AckReq at least this often in long messages.
 pub const MAX_PKT_PER_ACK: u32 = 64;
+/// Packets in flight right after a retransmission (timeout or sequence
+/// NAK). Go-back-N resends everything past the gap; at full speed a
+/// multi-MiB window that overran a slow receiver once overruns it again,
+/// every round, until the retries run out. So the resend starts with this
+/// many packets and the window doubles with every ACK that makes progress.
+pub const RETRY_WINDOW: u32 = MAX_PKT_PER_ACK;
+/// A window this large no longer limits anything: back to unlimited.
+const WINDOW_OPEN: u32 = 1 << 16;
 /// Responses (READ, atomic, NAK) queued beyond the rd_atomic limit are
 /// replays of duplicates; past this many, duplicates are dropped.
 const RESP_QUEUE_CAP: usize = 2 * MAX_RD_ATOMIC as usize + 8;
@@ -470,6 +478,9 @@ pub struct Qp {
     cur: usize,
     cur_psn: u32,
     noack_pkts: u32,
+    /// Packets allowed past the oldest unacknowledged PSN (u32::MAX: no
+    /// limit; see RETRY_WINDOW).
+    window: u32,
     rd_atomic_inflight: u8,
     retry_left: u8,
     rnr_left: u8,
@@ -552,6 +563,7 @@ impl Qp {
             cur: 0,
             cur_psn: 0,
             noack_pkts: 0,
+            window: u32::MAX,
             rd_atomic_inflight: 0,
             retry_left: 7,
             rnr_left: 7,
@@ -1014,7 +1026,7 @@ impl Qp {
             }
             self.retry_left -= 1;
             let psn = self.oldest_unacked_psn();
-            self.rewind(psn);
+            self.retransmit_from(psn);
             self.arm_rto(now);
         }
     }
@@ -1049,6 +1061,13 @@ impl Qp {
             }
         }
         self.next_psn
+    }
+
+    /// Resend after a loss (timeout, sequence NAK, missing responses): go
+    /// back to `psn` with a small window (RETRY_WINDOW).
+    fn retransmit_from(&mut self, psn: u32) {
+        self.window = RETRY_WINDOW;
+        self.rewind(psn);
     }
 
     /// Go-back-N: transmit again from `psn`, or from the oldest PSN still
@@ -1226,6 +1245,19 @@ impl Qp {
         }
         self.normalize_cursor();
         let mut w = *self.sq.get(self.cur)?;
+        if self.window != u32::MAX {
+            let psn = if w.started {
+                self.cur_psn
+            } else {
+                self.next_psn
+            };
+            let ahead = psn_diff(psn, self.oldest_unacked_psn());
+            // The oldest packet may always go (a READ request spans many
+            // PSNs but is one packet).
+            if ahead > 0 && ahead as u32 >= self.window {
+                return None;
+            }
+        }
         if !w.started {
             if self.state == QpState::Sqd {
                 return None;
@@ -1291,7 +1323,11 @@ impl Qp {
                     (false, false, true, true) => opcode::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE,
                 };
                 self.noack_pkts += 1;
-                let ack_req = last || self.noack_pkts >= MAX_PKT_PER_ACK;
+                // With a limited window the packet that fills it must ask
+                // for an ACK, or the window stays shut until a timeout.
+                let fills_window = self.window != u32::MAX
+                    && psn_diff(psn, self.oldest_unacked_psn()) as u32 + 1 >= self.window;
+                let ack_req = last || self.noack_pkts >= MAX_PKT_PER_ACK || fills_window;
                 if ack_req {
                     self.noack_pkts = 0;
                 }
@@ -1982,7 +2018,7 @@ impl Qp {
                         self.fail_front(WcStatus::RetryExcErr);
                     } else {
                         self.retry_left -= 1;
-                        self.rewind(psn);
+                        self.retransmit_from(psn);
                         self.nak_rewind_psn = Some(psn);
                         self.arm_rto(now);
                     }
@@ -2103,6 +2139,12 @@ impl Qp {
             self.acked_psn = psn;
             self.retry_left = self.retry_cnt;
             self.rnr_left = self.rnr_retry;
+            if self.window != u32::MAX {
+                self.window = self.window.saturating_mul(2);
+                if self.window >= WINDOW_OPEN {
+                    self.window = u32::MAX;
+                }
+            }
         }
     }
 
@@ -2117,7 +2159,7 @@ impl Qp {
             return;
         }
         self.retry_left -= 1;
-        self.rewind(psn);
+        self.retransmit_from(psn);
         self.arm_rto(now);
     }
 

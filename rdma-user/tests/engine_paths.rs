@@ -687,6 +687,32 @@ fn retry_exhaustion_fails_and_flushes() {
 }
 
 #[test]
+fn retransmission_starts_small_and_doubles_per_ack() {
+    let mut b = Bench::new(256, 0x100, 0);
+    post_write(&mut b, 1, 256 * 300);
+    assert_eq!(b.out().len(), 300, "no loss yet: no window");
+    b.now = b.n.qp.poll_timeout().expect("timer armed");
+    b.n.qp.handle_timeout(b.now);
+    let mut next = 0x100u32;
+    for want in [RETRY_WINDOW, 2 * RETRY_WINDOW, 300 - 3 * RETRY_WINDOW] {
+        let out = b.out();
+        let psns: Vec<u32> = out.iter().map(|(t, _)| t.bth.psn).collect();
+        assert_eq!(psns, (next..next + want).collect::<Vec<_>>());
+        let last = out.last().unwrap();
+        assert!(
+            last.0.bth.ack_req,
+            "the packet that fills the window asks for an ACK"
+        );
+        assert!(b.out().is_empty(), "nothing past the window before the ACK");
+        next += want;
+        ack(&mut b, next - 1, syndrome::ACK_UNLIMITED);
+    }
+    let wc = b.wcs();
+    assert_eq!(wc.len(), 1);
+    assert_eq!(wc[0].status, WcStatus::Success);
+}
+
+#[test]
 fn timeout_is_4_096us_times_2_pow_timeout() {
     let mut b = Bench::new(1024, 0x100, 0);
     post_write(&mut b, 1, 8);

@@ -677,6 +677,58 @@ struct Case {
     ours_ok: String,
     /// What rxe's output must contain.
     rxe_ok: String,
+    /// perftest's result line: (#bytes, #iterations). Our line must show it
+    /// unless we are the passive side of read/atomic_lat (which prints none,
+    /// as perftest's server), and rxe's too where rxe prints one.
+    result: Option<(usize, u32)>,
+    ours_print_result: bool,
+}
+
+impl Case {
+    /// Extra perftest flags for rxe's side, shown in the case's name.
+    fn with_rxe_flags(self, flags: &str) -> Case {
+        self.with_flags(flags, "")
+    }
+
+    /// Extra flags for rxe's command and for ours; rxe's are shown in the
+    /// case's name.
+    fn with_flags(mut self, rxe: &str, ours: &str) -> Case {
+        self.rxe = format!("{} {rxe}", self.rxe);
+        self.ours.extend(ours.split_whitespace().map(String::from));
+        self.name = match self.name.split_once(',') {
+            Some((a, b)) => format!("{a} {rxe},{b}"),
+            None => format!("{} {rxe}", self.name),
+        };
+        self
+    }
+}
+
+/// The #iterations of the result lines in `out` for `bytes`: lines whose
+/// first two fields are the byte count and an integer.
+fn result_iters(out: &str, bytes: usize) -> Vec<u64> {
+    out.lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            (f.next()? == bytes.to_string()).then_some(())?;
+            f.next()?.parse().ok()
+        })
+        .collect()
+}
+
+/// Both sides must report the iteration count that was asked for.
+fn check_result_lines(c: &Case, ours: &str, rxe: &str) -> Result<()> {
+    let Some((bytes, n)) = c.result else {
+        return Ok(());
+    };
+    let o = result_iters(ours, bytes);
+    let r = result_iters(rxe, bytes);
+    if (o.is_empty() && c.ours_print_result) || o.iter().any(|&i| i != n as u64) {
+        bail!("ours: result line for {bytes} B shows iterations {o:?}, want {n}");
+    }
+    if r.iter().any(|&i| i != n as u64) {
+        bail!("rxe: result line for {bytes} B shows iterations {r:?}, want {n}");
+    }
+    Ok(())
 }
 
 fn interop(quick: bool, keep_vm: bool, only: Option<&str>) -> Result<()> {
@@ -717,11 +769,13 @@ fn interop(quick: bool, keep_vm: bool, only: Option<&str>) -> Result<()> {
     }
     let perf: &[(&str, &str, &[usize])] = if quick {
         &[
+            ("write_lat", "write-lat", &[2]),
             ("send_lat", "send-lat", &[2]),
             ("read_bw", "read-bw", &[65536]),
         ]
     } else {
         &[
+            ("write_lat", "write-lat", &[2, 5000, 1 << 20]),
             ("send_lat", "send-lat", &[2, 5000, 1 << 20]),
             ("read_lat", "read-lat", &[2, 5000, 1 << 20]),
             ("atomic_lat", "atomic-lat", &[8]),
@@ -734,13 +788,46 @@ fn interop(quick: bool, keep_vm: bool, only: Option<&str>) -> Result<()> {
         for &s in *sizes {
             let n = if s >= 1 << 20 { 5 } else { 20 };
             let size = (*tool != "atomic_lat").then_some(s);
-            cases.push(perf_case("", tool, ours, size, n, true));
+            let c = perf_case("", tool, ours, size, n, true);
+            // rxe never stops its retransmit timer once everything is
+            // ACKed (rxe_comp.c: "some timeouts are spurious since we do not
+            // reset the timer"): it fires one timeout after the last ACK of
+            // a message and retries the next message if that one is in
+            // flight by then. A 1 MiB ping-pong into the emulated VM takes
+            // about 70 ms a message, right at perftest's default 67 ms
+            // (-u 14), so rxe would retry without any loss; a longer
+            // timeout keeps its counters meaningful.
+            cases.push(if s >= 1 << 20 && tool.ends_with("_lat") {
+                c.with_rxe_flags("-u 18")
+            } else {
+                c
+            });
         }
+    }
+    if !quick {
+        // Several QPs (-q 2), both roles.
+        for (tool, ours, size, rxe_server) in [
+            ("write_bw", "write-bw", 5000usize, true),
+            ("read_bw", "read-bw", 5000, true),
+            ("send_bw", "send-bw", 5000, true),
+            ("write_bw", "write-bw", 5000, false),
+        ] {
+            let mut c =
+                perf_case("", tool, ours, Some(size), 20, rxe_server).with_flags("-q 2", "-q 2");
+            // perftest counts the iterations of all QPs together.
+            c.result = Some((size, 40));
+            cases.push(c);
+        }
+        // All sizes, 2 B to 8 MiB; perftest's server prints the last.
+        let mut c = perf_case("", "write_bw", "write-bw", None, 5, true).with_flags("-a", "-a");
+        c.result = Some((1 << 23, 5));
+        cases.push(c);
     }
     if !quick {
         // perftest clients in the VM against our bench server.
         for (tool, ours, size) in [
-            ("send_lat", "send-lat", 2usize),
+            ("write_lat", "write-lat", 2usize),
+            ("send_lat", "send-lat", 2),
             ("read_lat", "read-lat", 5000),
             ("atomic_lat", "atomic-lat", 8),
             ("write_bw", "write-bw", 5000),
@@ -1013,6 +1100,8 @@ fn pingpong_case(prefix: &str, s: usize, n: u32, rxe_server: bool, v6: bool) -> 
         rxe_server,
         ours_ok: format!("{n} iters in"),
         rxe_ok: format!("{n} iters in"),
+        result: None,
+        ours_print_result: false,
     }
 }
 
@@ -1048,6 +1137,8 @@ fn perf_case(
             (false, false) => "MsgRate",
         }
         .into(),
+        result: Some((size.unwrap_or(8), n)),
+        ours_print_result: rxe_server || !matches!(tool, "read_lat" | "atomic_lat"),
     }
 }
 
@@ -1198,6 +1289,7 @@ fn run_case(script: &Path, bin: &str, c: &Case) -> Result<()> {
         if !rxe.status.success() || !r.contains(&c.rxe_ok) {
             bail!("rxe: {}", tail(&rxe));
         }
+        check_result_lines(c, &o, &r)?;
     } else {
         let mut child = Command::new("timeout")
             .arg("150")
@@ -1232,6 +1324,7 @@ fn run_case(script: &Path, bin: &str, c: &Case) -> Result<()> {
         if !ours.status.success() || !o.contains(&c.ours_ok) {
             bail!("ours: {}", tail(&ours));
         }
+        check_result_lines(c, &o, &r)?;
     }
     Ok(())
 }
@@ -1360,7 +1453,7 @@ fn bench(quick: bool) -> Result<()> {
             .args(["netns", "exec", &ns[1]])
             .arg(&bin)
             .args(&job.args)
-            .args(["--dev", devs[1], "--cpu", "1", "--json-file"])
+            .args(["--dev", devs[1], "--cpu", "1", "--json"])
             .arg(&sj)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -1372,7 +1465,7 @@ fn bench(quick: bool) -> Result<()> {
             .args(["netns", "exec", &ns[0]])
             .arg(&bin)
             .args(&cargs)
-            .args(["--dev", devs[0], "--cpu", "0", "--json-file"])
+            .args(["--dev", devs[0], "--cpu", "0", "--json"])
             .arg(&cj)
             .output()?;
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -1401,7 +1494,7 @@ fn bench(quick: bool) -> Result<()> {
     let ej = out_dir.join("engine.json");
     let n = if quick { "200000" } else { "2000000" };
     sh(Command::new(&bin)
-        .args(["baseline", "--engine", "-n", n, "--cpu", "0", "--json-file"])
+        .args(["baseline", "--engine", "-n", n, "--cpu", "0", "--json"])
         .arg(&ej)
         .stdout(Stdio::null()))?;
     records.extend(serde_json::from_str::<Vec<Value>>(
@@ -1511,7 +1604,7 @@ fn soak(ops: u64, seed: u64) -> Result<()> {
             .args(["netns", "exec", &ns[0]])
             .arg(&bin)
             .args(["soak", addrs[1], "--dev", devs[0], "-n", &ops.to_string()])
-            .args(["--seed", &seed.to_string(), "--json-file"])
+            .args(["--seed", &seed.to_string(), "--json"])
             .arg(&cj)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())

@@ -25,9 +25,10 @@ struct Cli {
     /// this network namespace.
     #[arg(long, global = true)]
     iface: Option<String>,
-    /// Print raw JSON.
-    #[arg(long, global = true)]
-    json: bool,
+    /// Print raw JSON; `--json FILE` (bench, baseline, soak) writes the
+    /// result records to FILE instead.
+    #[arg(long, global = true, num_args = 0..=1, value_name = "FILE")]
+    json: Option<Option<PathBuf>>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -93,8 +94,6 @@ enum Cmd {
         iters: u64,
         #[arg(long)]
         cpu: Option<usize>,
-        #[arg(long)]
-        json_file: Option<PathBuf>,
         /// Run the engine microbenchmark instead (WRITEs of 64 B).
         #[arg(long)]
         engine: bool,
@@ -168,9 +167,6 @@ struct SoakArgs {
     /// Fail when no operation completes for this many seconds.
     #[arg(long, default_value_t = 30)]
     stall_timeout: u64,
-    /// Write the report as JSON here.
-    #[arg(long)]
-    json_file: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -309,7 +305,7 @@ struct BenchArgs {
     /// Run for this many seconds (bandwidth tests).
     #[arg(short = 'D', long)]
     duration: Option<f64>,
-    /// Queue pairs (only 1 is implemented).
+    /// Queue pairs (bandwidth tests; `-n` messages on each).
     #[arg(short = 'q', long, default_value_t = 1)]
     qps: u32,
     #[arg(short = 't', long, default_value_t = 128)]
@@ -318,9 +314,6 @@ struct BenchArgs {
     mtu: u32,
     #[arg(short = 'p', long, default_value_t = 18515)]
     port: u16,
-    /// Write the results as JSON records to this file.
-    #[arg(long)]
-    json_file: Option<PathBuf>,
     /// Pin to this CPU.
     #[arg(long)]
     cpu: Option<usize>,
@@ -460,15 +453,40 @@ fn main() {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(json_flag_last(std::env::args_os().collect()));
     if let Err(e) = run(cli) {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
 }
 
+/// `--json` takes an optional FILE, so `rdma --json mr list` would read
+/// `mr` as the file: a `--json` right before a subcommand's name moves to
+/// the end, where it means the same.
+fn json_flag_last(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    use clap::CommandFactory;
+    let cmd = Cli::command();
+    let is_sub = |a: &std::ffi::OsString| {
+        cmd.get_subcommands()
+            .any(|c| a.to_str() == Some(c.get_name()))
+    };
+    if let Some(i) = args.iter().position(|a| a == "--json") {
+        if args.get(i + 1).is_some_and(is_sub) {
+            let flag = args.remove(i);
+            args.push(flag);
+        }
+    }
+    args
+}
+
 fn run(cli: Cli) -> Result<()> {
-    let json = cli.json;
+    let json = cli.json.is_some();
+    let json_file = cli.json.clone().flatten();
+    if json_file.is_some()
+        && !matches!(cli.cmd, Cmd::Bench(_) | Cmd::Baseline { .. } | Cmd::Soak(_))
+    {
+        bail!("--json FILE writes the results of bench, baseline and soak; other commands take --json alone");
+    }
     match cli.cmd {
         Cmd::Up(a) => {
             let iface = a
@@ -502,7 +520,6 @@ fn run(cli: Cli) -> Result<()> {
             size,
             iters,
             cpu,
-            json_file,
             engine,
         } => {
             if let Some(c) = cpu {
@@ -539,8 +556,8 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Cmd::Bench(b) => {
-            if b.qps != 1 {
-                bail!("-q {}: only one QP per test is implemented", b.qps);
+            if b.qps == 0 {
+                bail!("-q 0: a test needs at least one QP");
             }
             let sizes = if b.all {
                 (1..=23).map(|e| 1usize << e).collect()
@@ -559,9 +576,10 @@ fn run(cli: Cli) -> Result<()> {
                 mtu: b.mtu,
                 cpu: b.cpu,
                 connect_timeout: b.peer_timeout,
+                qps: b.qps,
                 quiet: false,
             })?;
-            if let Some(f) = b.json_file {
+            if let Some(f) = json_file {
                 std::fs::write(&f, serde_json::to_string_pretty(&recs)?)
                     .with_context(|| format!("write {}", f.display()))?;
             }
@@ -589,7 +607,7 @@ fn run(cli: Cli) -> Result<()> {
             local_ip,
         }),
         Cmd::Inject { dev, frames } => inject(&dev, &frames),
-        Cmd::Soak(a) => soak(a),
+        Cmd::Soak(a) => soak(a, json_file),
         Cmd::Hostile(h) => hostile(h),
         Cmd::Relay(r) => {
             let cfg = rdma_user::impair::ImpairConfig {
@@ -1024,7 +1042,7 @@ fn decode(file: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
-fn soak(a: SoakArgs) -> Result<()> {
+fn soak(a: SoakArgs, json_file: Option<PathBuf>) -> Result<()> {
     let o = rdma_user::soak::Options {
         iface: a.dev,
         server: a.server,
@@ -1054,7 +1072,7 @@ fn soak(a: SoakArgs) -> Result<()> {
         let r = rdma_user::soak::serve(&o)?;
         (serde_json::to_string_pretty(&r)?, r.clean())
     };
-    if let Some(f) = a.json_file {
+    if let Some(f) = json_file {
         std::fs::write(&f, &out).with_context(|| format!("write {}", f.display()))?;
     }
     println!("{out}");
