@@ -368,14 +368,18 @@ impl Xsk {
         self.free.len().saturating_sub(self.rx_reserve)
     }
 
-    /// Sends one frame built by `build` (which gets a buffer of
-    /// `max_frame()` bytes and returns the frame length, 0 for nothing).
-    /// Frames larger than one chunk go out as multi-buffer descriptors.
-    /// Chunks for the largest frame are secured *before* `build` runs, and
-    /// descriptors that do not fit the TX ring wait in a local backlog, so a
-    /// frame the caller produced is never dropped here. Returns false when
-    /// nothing was sent (no chunks, or the backlog is long: backpressure).
-    pub fn send_with(&mut self, build: impl FnOnce(&mut [u8]) -> usize) -> bool {
+    /// Sends one frame built by `build`, which gets a buffer and returns the
+    /// frame length (0: nothing that fits this buffer). `build` first gets
+    /// one UMEM chunk to write into directly, so a frame that fits a chunk
+    /// is copied once (payload from the MR into the chunk); only when that
+    /// yields nothing and the socket is multi-buffer does it get a
+    /// `max_frame()` scratch buffer, whose frame goes out as several
+    /// chunks. Chunks for the largest frame are secured *before* `build`
+    /// runs, and descriptors that do not fit the TX ring wait in a local
+    /// backlog, so a frame the caller produced is never dropped here.
+    /// Returns false when nothing was sent (no chunks, or the backlog is
+    /// long: backpressure).
+    pub fn send_with(&mut self, mut build: impl FnMut(&mut [u8]) -> usize) -> bool {
         let fs = self.frame_size as usize;
         let max = self.max_frame();
         let max_chunks = max.div_ceil(fs).min(MAX_FRAGS);
@@ -388,6 +392,24 @@ impl Xsk {
             if self.tx_room() < max_chunks {
                 return false;
             }
+        }
+        let addr = self.free.pop().expect("room checked");
+        assert!(addr as usize + fs <= self.mem.len(), "chunk outside UMEM");
+        // SAFETY: a free chunk is ours alone, and inside the mapping.
+        let chunk =
+            unsafe { std::slice::from_raw_parts_mut(self.mem.as_ptr().add(addr as usize), fs) };
+        let len = build(chunk);
+        if len > 0 && len <= fs {
+            self.tx_backlog.push_back(XdpDesc {
+                addr,
+                len: len as u32,
+                options: 0,
+            });
+            return self.sent_one();
+        }
+        self.free.push(addr);
+        if !self.multi_buffer {
+            return false;
         }
         let len = build(&mut self.scratch[..max]);
         if len == 0 || len > max {
@@ -408,6 +430,10 @@ impl Xsk {
                 options: if i + 1 < nchunks { XDP_PKT_CONTD } else { 0 },
             });
         }
+        self.sent_one()
+    }
+
+    fn sent_one(&mut self) -> bool {
         self.flush_backlog();
         self.tx_frames += 1;
         self.tx_pending_kick = true;
