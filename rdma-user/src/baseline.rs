@@ -41,8 +41,20 @@ impl Kind {
 const PORT: u16 = 18600;
 const IDLE_END: Duration = Duration::from_millis(300);
 
+/// How the AF_XDP stream client puts payload on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum TxMode {
+    /// Copy each frame into a TX chunk (what the data path does).
+    #[default]
+    Copy,
+    /// Headers in a fresh chunk, then descriptors that point at payload
+    /// already in the UMEM (an MR registered inside the UMEM): no copy.
+    Chain,
+}
+
 pub struct Options {
     pub kind: Kind,
+    pub tx: TxMode,
     pub iface: String,
     pub server: Option<IpAddr>,
     pub size: usize,
@@ -337,11 +349,32 @@ fn afxdp(o: &Options) -> Result<Option<Record>> {
                 vlan: None,
             };
             let frame = raw_frame(&path, o.size, 1)?;
+            let chain = o.tx == TxMode::Chain && !ping;
+            let (head, tail) = if chain {
+                // Payload and ICRC live in pinned chunks; each descriptor
+                // stays inside one chunk.
+                let hdr = frame.len() - o.size - ICRC_LEN;
+                let body = &frame[hdr..];
+                let fs = x.frame_size() as usize;
+                let n = body.len().div_ceil(fs);
+                x.pin_chunks(n)?[..body.len()].copy_from_slice(body);
+                let tail: Vec<(u64, u32)> = (0..n)
+                    .map(|i| ((i * fs) as u64, (body.len() - i * fs).min(fs) as u32))
+                    .collect();
+                (&frame[..hdr], tail)
+            } else {
+                (&frame[..], Vec::new())
+            };
             let mut us = Vec::with_capacity(o.iters as usize);
             let mut sent = 0u64;
             while sent < o.iters {
                 let t = Instant::now();
-                if !x.send(&frame) {
+                let ok = if chain {
+                    x.send_chain(head, &tail)
+                } else {
+                    x.send(&frame)
+                };
+                if !ok {
                     x.kick();
                     continue;
                 }

@@ -138,6 +138,9 @@ pub struct Xsk {
     mem: SharedMem,
     frame_size: u32,
     free: Vec<u64>,
+    /// Chunks [0, pinned_end) hold memory that TX descriptors point into
+    /// directly (see `pin_chunks`); they never go back to the free list.
+    pinned_end: u64,
     /// Frames to keep for the fill ring; TX may not dip below this.
     rx_reserve: usize,
     fill_target: u32,
@@ -228,6 +231,7 @@ impl Xsk {
             mem,
             frame_size: cfg.frame_size,
             free,
+            pinned_end: 0,
             rx_reserve: (cfg.frames / 2) as usize,
             fill_target: cfg.ring_size,
             mode,
@@ -296,7 +300,9 @@ impl Xsk {
     pub fn reap(&mut self) {
         let mut c = self.fq_cq.complete(self.fill_target);
         while let Some(addr) = c.read() {
-            self.free.push(addr & !(self.frame_size as u64 - 1));
+            if addr >= self.pinned_end {
+                self.free.push(addr & !(self.frame_size as u64 - 1));
+            }
         }
         c.release();
     }
@@ -438,6 +444,64 @@ impl Xsk {
         self.tx_frames += 1;
         self.tx_pending_kick = true;
         true
+    }
+
+    /// Takes the first `n` chunks out of circulation, for memory that TX
+    /// descriptors will point into without a copy (memory registered inside
+    /// the UMEM). Only before any traffic: those chunks must still be free.
+    pub fn pin_chunks(&mut self, n: usize) -> Result<&mut [u8]> {
+        let fs = self.frame_size as u64;
+        let want: Vec<u64> = (0..n as u64).map(|i| i * fs).collect();
+        if self.pinned_end != 0 || self.free.len() < n || self.free[..n] != want[..] {
+            bail!("pin_chunks: the first {n} chunks are not free");
+        }
+        self.free.drain(..n);
+        self.pinned_end = n as u64 * fs;
+        // SAFETY: the pinned chunks are inside the mapping and no longer
+        // handed to the kernel for RX.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.mem.as_ptr(), self.pinned_end as usize) })
+    }
+
+    /// Sends one frame as a descriptor chain: `head` copied into a fresh
+    /// chunk, then `tail` (UMEM address, length) descriptors that point
+    /// into pinned chunks, each within one chunk. Needs multi-buffer.
+    pub fn send_chain(&mut self, head: &[u8], tail: &[(u64, u32)]) -> bool {
+        let fs = self.frame_size as u64;
+        debug_assert!(tail
+            .iter()
+            .all(|&(a, l)| a + l as u64 <= self.pinned_end && a / fs == (a + l as u64 - 1) / fs));
+        if !self.multi_buffer || head.len() > fs as usize || tail.len() + 1 > MAX_FRAGS {
+            return false;
+        }
+        self.flush_backlog();
+        if self.tx_backlog.len() >= TX_BACKLOG_LIMIT {
+            return false;
+        }
+        if self.tx_room() < 1 {
+            self.reap();
+            if self.tx_room() < 1 {
+                return false;
+            }
+        }
+        let addr = self.free.pop().expect("room checked");
+        // SAFETY: a free chunk is ours alone, and inside the mapping.
+        let dst = unsafe {
+            std::slice::from_raw_parts_mut(self.mem.as_ptr().add(addr as usize), head.len())
+        };
+        dst.copy_from_slice(head);
+        self.tx_backlog.push_back(XdpDesc {
+            addr,
+            len: head.len() as u32,
+            options: if tail.is_empty() { 0 } else { XDP_PKT_CONTD },
+        });
+        for (i, &(a, l)) in tail.iter().enumerate() {
+            self.tx_backlog.push_back(XdpDesc {
+                addr: a,
+                len: l,
+                options: if i + 1 < tail.len() { XDP_PKT_CONTD } else { 0 },
+            });
+        }
+        self.sent_one()
     }
 
     /// Moves backlogged descriptors into the TX ring, as many as fit. A

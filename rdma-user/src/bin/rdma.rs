@@ -94,6 +94,10 @@ enum Cmd {
         iters: u64,
         #[arg(long)]
         cpu: Option<usize>,
+        /// AF_XDP stream client: copy frames into TX chunks, or chain
+        /// descriptors that point at payload already in the UMEM.
+        #[arg(long, value_enum, default_value_t)]
+        tx: rdma_user::baseline::TxMode,
         /// Run the engine microbenchmark instead (WRITEs of 64 B).
         #[arg(long)]
         engine: bool,
@@ -520,6 +524,7 @@ fn run(cli: Cli) -> Result<()> {
             size,
             iters,
             cpu,
+            tx,
             engine,
         } => {
             if let Some(c) = cpu {
@@ -540,6 +545,7 @@ fn run(cli: Cli) -> Result<()> {
                     .ok_or_else(|| anyhow!("which baseline? (afxdp-pingpong, udp-stream, ...)"))?;
                 rdma_user::baseline::run(&rdma_user::baseline::Options {
                     kind,
+                    tx,
                     iface: dev,
                     server,
                     size,
