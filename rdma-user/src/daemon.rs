@@ -49,12 +49,13 @@ pub struct UpOptions {
     pub firewall: bool,
 }
 
-type Job = Box<dyn FnOnce(&mut DataPath) -> Result<Value> + Send>;
-type JobMsg = (Job, tokio::sync::oneshot::Sender<Result<Value>>);
+/// Work for the data path thread, run between two polls; it carries its
+/// own way of answering.
+pub(crate) type Job = Box<dyn FnOnce(&mut DataPath) + Send>;
 
 /// Control-plane state shared by the connection handlers.
 struct Ctl {
-    jobs: mpsc::Sender<JobMsg>,
+    jobs: mpsc::Sender<Job>,
     xdp: Mutex<XdpProgram>,
     iface: String,
     mac: [u8; 6],
@@ -73,7 +74,9 @@ impl Ctl {
     {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.jobs
-            .send((Box::new(f), tx))
+            .send(Box::new(move |dp: &mut DataPath| {
+                let _ = tx.send(f(dp));
+            }))
             .map_err(|_| anyhow!("data path has stopped"))?;
         rx.await.map_err(|_| anyhow!("data path has stopped"))?
     }
@@ -151,9 +154,9 @@ pub fn pin_to_cpu(cpu: usize) {
 
 /// The data path thread: run control jobs between polls; spin, or back off
 /// to short sleeps when idle (adaptive).
-fn data_path_loop(
+pub(crate) fn data_path_loop(
     mut dp: DataPath,
-    jobs: mpsc::Receiver<JobMsg>,
+    jobs: mpsc::Receiver<Job>,
     stop: Arc<AtomicBool>,
     adaptive: bool,
     cpu: Option<usize>,
@@ -163,9 +166,8 @@ fn data_path_loop(
     }
     let mut backoff = Backoff::new(adaptive);
     while !stop.load(Ordering::Relaxed) {
-        while let Ok((job, reply)) = jobs.try_recv() {
-            let r = job(&mut dp);
-            let _ = reply.send(r);
+        while let Ok(job) = jobs.try_recv() {
+            job(&mut dp);
             backoff.reset();
         }
         let (work, next) = dp.poll();
@@ -221,7 +223,7 @@ pub fn run(opts: UpOptions) -> Result<()> {
     let mac = hostnet::iface_mac(&iface)?;
     let dp = DataPath::new(xsks, opts.limits);
     let stop = Arc::new(AtomicBool::new(false));
-    let (jtx, jrx) = mpsc::channel::<JobMsg>();
+    let (jtx, jrx) = mpsc::channel::<Job>();
     let dp_thread = {
         let stop = stop.clone();
         let (adaptive, cpu) = (opts.adaptive, opts.cpu);

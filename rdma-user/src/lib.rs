@@ -21,6 +21,7 @@ pub mod relay;
 pub mod rng;
 pub mod soak;
 pub mod standalone;
+pub mod verbs;
 pub mod wire;
 pub mod xdp;
 pub mod xsk;

@@ -29,7 +29,26 @@ pub const NO_WC: Wc = Wc {
     qp_num: 0,
 };
 
+/// What keeps a device's XDP program attached and its interface locked
+/// while its data path runs elsewhere (see [`Device::split`]).
+pub struct Attachment {
+    pub xdp: XdpProgram,
+    _lock: File,
+}
+
 impl Device {
+    /// The data path, to move to a thread of its own, and the attachment
+    /// to keep alive meanwhile (dropping it detaches XDP).
+    pub fn split(self) -> (DataPath, Attachment) {
+        (
+            self.dp,
+            Attachment {
+                xdp: self.xdp,
+                _lock: self._lock,
+            },
+        )
+    }
+
     pub fn open(iface: &str, mode: XdpMode, multi_buffer: bool) -> Result<Device> {
         let lock = crate::daemon::take_lock(iface)?;
         crate::daemon::clean_stale(iface);

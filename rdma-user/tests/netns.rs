@@ -698,3 +698,59 @@ fn xdp_firewall_drops_dead_qpns_and_spoofed_sources() {
     let q = lab.ok(1, &["qp", "list"]);
     assert_eq!(q["qps"][0]["stats"]["errors"], 0, "{q}");
 }
+
+#[test]
+fn verbs_library_end_to_end_and_detach_on_drop() {
+    let _g = serial();
+    let lab = Lab::new(1500);
+    // Both ends of the veth pair in one namespace: one process, two
+    // verbs contexts (each with its data path thread), one per end.
+    let (ns, dev) = (&lab.ns, &lab.dev);
+    let run = |args: &[&str]| {
+        let st = Command::new("ip").args(args).status().expect("ip");
+        assert!(st.success(), "ip {}", args.join(" "));
+    };
+    run(&["-n", &ns[1], "link", "set", &dev[1], "netns", &ns[0]]);
+    run(&[
+        "-n",
+        &ns[0],
+        "addr",
+        "add",
+        &format!("{}/24", lab.addr[1]),
+        "dev",
+        &dev[1],
+    ]);
+    run(&["-n", &ns[0], "link", "set", &dev[1], "up"]);
+    let out = lab.exec(
+        0,
+        "timeout",
+        &["60", BIN, "verbs-demo", "--a", &dev[0], "--b", &dev[1]],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "verbs-demo failed: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in [
+        "WRITE 3000 B: ok",
+        "READ 3000 B: ok",
+        "SEND/RECV 31 B: ok",
+        "FETCH_ADD: returned 41, counter now 42: ok",
+        "WRITE to read-only MR: REM_ACCESS_ERR, MR untouched, QP Err: ok",
+    ] {
+        assert!(text.contains(line), "missing '{line}' in:\n{text}");
+    }
+    // Dropping the contexts detached XDP from both interfaces.
+    for d in dev {
+        let show = Command::new("ip")
+            .args(["-n", &ns[0], "-d", "link", "show", "dev", d])
+            .output()
+            .expect("ip link show");
+        let s = String::from_utf8_lossy(&show.stdout);
+        assert!(
+            show.status.success() && !s.contains("prog/xdp"),
+            "{d} still has XDP: {s}"
+        );
+    }
+}

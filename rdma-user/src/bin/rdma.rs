@@ -123,6 +123,15 @@ enum Cmd {
         #[arg(long = "hex", required = true)]
         frames: Vec<String>,
     },
+    /// The verbs library end to end between two interfaces of this
+    /// namespace (test tool and usage example of `rdma_user::verbs`).
+    #[command(hide = true)]
+    VerbsDemo {
+        #[arg(long)]
+        a: String,
+        #[arg(long)]
+        b: String,
+    },
     /// Attach XDP and one AF_XDP socket, print received frames as hex (test tool).
     #[command(hide = true)]
     XskRecv {
@@ -613,6 +622,7 @@ fn run(cli: Cli) -> Result<()> {
             local_ip,
         }),
         Cmd::Inject { dev, frames } => inject(&dev, &frames),
+        Cmd::VerbsDemo { a, b } => verbs_demo(&a, &b),
         Cmd::Soak(a) => soak(a, json_file),
         Cmd::Hostile(h) => hostile(h),
         Cmd::Relay(r) => {
@@ -1194,5 +1204,163 @@ fn xsk_recv(
         .map(|(i, v)| (names[i].to_string(), Value::from(*v)))
         .collect();
     println!("stats {}", Value::Object(m));
+    Ok(())
+}
+
+/// Two verbs contexts in one process, one per interface: WRITE, READ,
+/// SEND/RECV, FETCH_ADD, then a WRITE to a read-only MR. Every result is
+/// checked; any mismatch is an error.
+fn verbs_demo(a: &str, b: &str) -> Result<()> {
+    use rdma_user::datapath::{Connect, Path};
+    use rdma_user::engine::{QpAttr, QpCap, RecvWr, SendWr, Wc, WcOpcode, WcStatus, WrOpcode};
+    use rdma_user::mr::Access;
+    use rdma_user::standalone::NO_WC;
+    use rdma_user::verbs::{Context, ContextOptions, Cq, Polling};
+
+    fn wait(cq: &Cq, want: WcOpcode) -> Result<Wc> {
+        let start = Instant::now();
+        let mut wcs = [NO_WC; 16];
+        loop {
+            let n = cq.poll(&mut wcs)?;
+            if let Some(w) = wcs[..n]
+                .iter()
+                .find(|w| w.opcode == want || w.status != WcStatus::Success)
+            {
+                return Ok(*w);
+            }
+            if start.elapsed() > Duration::from_secs(5) {
+                bail!("no {want:?} completion within 5 s");
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+    fn addr(iface: &str) -> Result<std::net::IpAddr> {
+        rdma_user::hostnet::iface_addrs(iface)?
+            .into_iter()
+            .find(|a| a.is_ipv4())
+            .ok_or_else(|| anyhow!("{iface} has no IPv4 address"))
+    }
+
+    let opts = ContextOptions {
+        polling: Polling::Adaptive,
+        cpu: None,
+    };
+    let (ca, cb) = (Context::open(a, opts.clone())?, Context::open(b, opts)?);
+    let (pa, pb) = (ca.alloc_pd()?, cb.alloc_pd()?);
+    let (cqa, cqb) = (ca.create_cq(64)?, cb.create_cq(64)?);
+    let ma = pa.reg_mr(8192, Access::ALL)?;
+    let mb = pb.reg_mr(8192, Access::ALL)?;
+    let ro = pb.reg_mr(4096, Access::LOCAL_WRITE | Access::REMOTE_READ)?;
+    println!(
+        "MRs: A addr 0x{:x} lkey 0x{:08x} rkey 0x{:08x}; B rkey 0x{:08x}; read-only rkey 0x{:08x}",
+        ma.addr, ma.lkey, ma.rkey, mb.rkey, ro.rkey
+    );
+    let cap = QpCap {
+        max_send_wr: 64,
+        max_recv_wr: 64,
+    };
+    let (qa, qb) = (pa.create_qp(&cqa, cap)?, pb.create_qp(&cqb, cap)?);
+    qa.modify(&QpAttr::init(Access::ALL))?;
+    qb.modify(&QpAttr::init(Access::ALL))?;
+    let (ip_a, ip_b) = (addr(a)?, addr(b)?);
+    let path = |local_mac, peer_mac, local_ip, peer_ip| Path {
+        local_mac,
+        peer_mac,
+        local_ip,
+        peer_ip,
+        vlan: None,
+    };
+    let (psn_a, psn_b) = (0x1234, 0xabcdef);
+    qa.connect(
+        path(ca.mac(), cb.mac(), ip_a, ip_b),
+        &Connect::new(qb.qpn, psn_b, psn_a, 1024),
+    )?;
+    qb.connect(
+        path(cb.mac(), ca.mac(), ip_b, ip_a),
+        &Connect::new(qa.qpn, psn_a, psn_b, 1024),
+    )?;
+
+    // WRITE: 3000 bytes (3 packets) from A into B.
+    let data: Vec<u8> = (0..3000u32).map(|i| (i * 7 + 3) as u8).collect();
+    ma.write(0, &data)?;
+    let sg = [ma.sge(0, 3000)];
+    let mut wr = SendWr::new(1, WrOpcode::RdmaWrite, &sg);
+    wr.remote_addr = mb.addr;
+    wr.rkey = mb.rkey;
+    qa.post_send(&wr)?;
+    let w = wait(&cqa, WcOpcode::RdmaWrite)?;
+    if w.status != WcStatus::Success || mb.read(0, 3000)? != data {
+        bail!("WRITE: {:?}, or B's MR does not hold the bytes", w.status);
+    }
+    println!("WRITE 3000 B: ok");
+
+    // READ it back into A at 4096.
+    let sg = [ma.sge(4096, 3000)];
+    let mut wr = SendWr::new(2, WrOpcode::RdmaRead, &sg);
+    wr.remote_addr = mb.addr;
+    wr.rkey = mb.rkey;
+    qa.post_send(&wr)?;
+    let w = wait(&cqa, WcOpcode::RdmaRead)?;
+    if w.status != WcStatus::Success || ma.read(4096, 3000)? != data {
+        bail!("READ: {:?}, or the bytes differ", w.status);
+    }
+    println!("READ 3000 B: ok");
+
+    // SEND/RECV.
+    let rsg = [mb.sge(4096, 256)];
+    qb.post_recv(&RecvWr {
+        wr_id: 7,
+        sg_list: &rsg,
+    })?;
+    let msg = b"a message through the verbs API";
+    ma.write(0, msg)?;
+    let sg = [ma.sge(0, msg.len() as u32)];
+    qa.post_send(&SendWr::new(3, WrOpcode::Send, &sg))?;
+    let s = wait(&cqa, WcOpcode::Send)?;
+    let r = wait(&cqb, WcOpcode::Recv)?;
+    if s.status != WcStatus::Success
+        || r.status != WcStatus::Success
+        || r.wr_id != 7
+        || r.byte_len as usize != msg.len()
+        || mb.read(4096, msg.len())? != msg
+    {
+        bail!("SEND/RECV: send {:?}, recv {:?}", s.status, r);
+    }
+    println!("SEND/RECV {} B: ok", msg.len());
+
+    // FETCH_ADD on a counter in B; the old value lands in A.
+    mb.write(8000, &41u64.to_le_bytes())?;
+    let sg = [ma.sge(8000, 8)];
+    let mut wr = SendWr::new(4, WrOpcode::FetchAdd, &sg);
+    wr.remote_addr = mb.addr + 8000;
+    wr.rkey = mb.rkey;
+    wr.compare_add = 1;
+    qa.post_send(&wr)?;
+    let w = wait(&cqa, WcOpcode::FetchAdd)?;
+    let old = u64::from_le_bytes(ma.read(8000, 8)?.try_into().unwrap());
+    let now = u64::from_le_bytes(mb.read(8000, 8)?.try_into().unwrap());
+    if w.status != WcStatus::Success || old != 41 || now != 42 {
+        bail!("FETCH_ADD: {:?}, returned {old}, counter {now}", w.status);
+    }
+    println!("FETCH_ADD: returned 41, counter now 42: ok");
+
+    // A WRITE to a read-only MR: remote access error, MR untouched, QP in ERR.
+    let before = ro.read(0, 4096)?;
+    let sg = [ma.sge(0, 64)];
+    let mut wr = SendWr::new(5, WrOpcode::RdmaWrite, &sg);
+    wr.remote_addr = ro.addr;
+    wr.rkey = ro.rkey;
+    qa.post_send(&wr)?;
+    let w = wait(&cqa, WcOpcode::RdmaWrite)?;
+    if w.status != WcStatus::RemAccessErr || ro.read(0, 4096)? != before {
+        bail!(
+            "WRITE to a read-only MR: {:?} (want RemAccessErr), or the MR changed",
+            w.status
+        );
+    }
+    println!(
+        "WRITE to read-only MR: REM_ACCESS_ERR, MR untouched, QP {:?}: ok",
+        qa.state()?
+    );
     Ok(())
 }

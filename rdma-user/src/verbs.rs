@@ -1,0 +1,363 @@
+//! A verbs-style library API, shaped like libibverbs: open a [`Context`] on
+//! an interface, then protection domains ([`Pd`]), memory regions ([`Mr`]),
+//! completion queues ([`Cq`]) and RC queue pairs ([`Qp`]).
+//!
+//! The data path (XDP program, AF_XDP sockets, the RC engines) runs on a
+//! thread of its own, spinning on the rings or, with [`Polling::Adaptive`],
+//! sleeping when idle. Every call below is a job that thread runs between
+//! two polls (one channel hop, no lock on the data path); completions are
+//! polled in batches. For the lowest latency from a single thread, drive a
+//! [`crate::standalone::Device`] directly instead.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+
+use anyhow::{anyhow, Context as _, Result};
+
+use crate::daemon::{data_path_loop, Job};
+use crate::datapath::{Connect, DataPath, Path};
+use crate::engine::{QpAttr, QpCap, QpState, RecvWr, SendFlags, SendWr, Sge, Wc, WrOpcode};
+use crate::mr::Access;
+use crate::standalone::{Attachment, Device};
+use crate::xdp::XdpMode;
+
+/// How the data path thread waits for work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Polling {
+    /// Spin on the rings (lowest latency; takes a core).
+    #[default]
+    Spin,
+    /// Spin while packets move, back off to short sleeps when idle.
+    Adaptive,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ContextOptions {
+    pub polling: Polling,
+    /// Pin the data path thread to this CPU.
+    pub cpu: Option<usize>,
+}
+
+/// An open device: the data path thread and what keeps XDP attached.
+#[derive(Clone)]
+pub struct Context {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    jobs: Mutex<mpsc::Sender<Job>>,
+    stop: Arc<AtomicBool>,
+    thread: Mutex<Option<JoinHandle<DataPath>>>,
+    attachment: Mutex<Option<Attachment>>,
+    iface: String,
+    mac: [u8; 6],
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.lock().ok().and_then(|mut t| t.take()) {
+            if let Ok(mut dp) = t.join() {
+                // Outstanding work requests complete with WR_FLUSH_ERR.
+                for qpn in dp.core.qpns() {
+                    let err = QpAttr {
+                        qp_state: Some(QpState::Err),
+                        ..Default::default()
+                    };
+                    let _ = dp.core.modify_qp(qpn, &err);
+                }
+            }
+        }
+        // Detaches XDP and releases the interface.
+        drop(self.attachment.lock().ok().and_then(|mut a| a.take()));
+    }
+}
+
+impl Context {
+    /// Opens `iface`: attaches the XDP program, opens an AF_XDP socket per
+    /// RX queue and starts the data path thread.
+    pub fn open(iface: &str, opts: ContextOptions) -> Result<Context> {
+        let dev = Device::open(iface, XdpMode::Auto, true)?;
+        let mac = dev.mac;
+        let (dp, attachment) = dev.split();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (jtx, jrx) = mpsc::channel::<Job>();
+        let thread = {
+            let stop = stop.clone();
+            let adaptive = opts.polling == Polling::Adaptive;
+            std::thread::Builder::new()
+                .name(format!("rdma-dp-{iface}"))
+                .spawn(move || data_path_loop(dp, jrx, stop, adaptive, opts.cpu))
+                .context("start the data path thread")?
+        };
+        Ok(Context {
+            inner: Arc::new(Inner {
+                jobs: Mutex::new(jtx),
+                stop,
+                thread: Mutex::new(Some(thread)),
+                attachment: Mutex::new(Some(attachment)),
+                iface: iface.to_string(),
+                mac,
+            }),
+        })
+    }
+
+    pub fn iface(&self) -> &str {
+        &self.inner.iface
+    }
+
+    pub fn mac(&self) -> [u8; 6] {
+        self.inner.mac
+    }
+
+    /// Runs `f` on the data path thread and waits for its result.
+    fn call<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut DataPath) -> Result<R> + Send + 'static,
+    ) -> Result<R> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let job: Job = Box::new(move |dp: &mut DataPath| {
+            let _ = tx.send(f(dp));
+        });
+        self.inner
+            .jobs
+            .lock()
+            .map_err(|_| anyhow!("data path has stopped"))?
+            .send(job)
+            .map_err(|_| anyhow!("data path has stopped"))?;
+        rx.recv().map_err(|_| anyhow!("data path has stopped"))?
+    }
+
+    pub fn alloc_pd(&self) -> Result<Pd> {
+        let pdn = self.call(|dp| Ok(dp.core.alloc_pd()))?;
+        Ok(Pd {
+            ctx: self.clone(),
+            pdn,
+        })
+    }
+
+    /// A completion queue of `depth` entries.
+    pub fn create_cq(&self, depth: usize) -> Result<Cq> {
+        let cqn = self.call(move |dp| dp.core.create_cq(depth))?;
+        Ok(Cq {
+            ctx: self.clone(),
+            cqn,
+        })
+    }
+}
+
+/// A protection domain: MRs and QPs of one PD can reach each other only.
+pub struct Pd {
+    ctx: Context,
+    pdn: u32,
+}
+
+impl Pd {
+    /// Registers `len` bytes of fresh shared memory with `access`. The
+    /// lkey and rkey are random (not guessable).
+    pub fn reg_mr(&self, len: usize, access: Access) -> Result<Mr> {
+        let pdn = self.pdn;
+        let (addr, lkey, rkey) = self.ctx.call(move |dp| dp.core.reg_mr(pdn, len, access))?;
+        Ok(Mr {
+            ctx: self.ctx.clone(),
+            addr,
+            len,
+            lkey,
+            rkey,
+        })
+    }
+
+    /// An RC QP whose send and receive completions go to `cq`.
+    pub fn create_qp(&self, cq: &Cq, cap: QpCap) -> Result<Qp> {
+        let (pdn, cqn) = (self.pdn, cq.cqn);
+        let qpn = self.ctx.call(move |dp| dp.core.create_qp(pdn, cqn, cap))?;
+        Ok(Qp {
+            ctx: self.ctx.clone(),
+            qpn,
+        })
+    }
+}
+
+/// A registered memory region.
+pub struct Mr {
+    ctx: Context,
+    pub addr: u64,
+    pub len: usize,
+    pub lkey: u32,
+    pub rkey: u32,
+}
+
+impl Mr {
+    /// Copies `len` bytes at `offset` out of the region.
+    pub fn read(&self, offset: usize, len: usize) -> Result<Vec<u8>> {
+        let lkey = self.lkey;
+        self.ctx.call(move |dp| {
+            let m = dp
+                .core
+                .mem
+                .by_lkey(lkey)
+                .ok_or_else(|| anyhow!("MR 0x{lkey:x} is not registered"))?;
+            let end = offset
+                .checked_add(len)
+                .filter(|&e| e <= m.bytes().len())
+                .ok_or_else(|| anyhow!("{len} bytes at offset {offset} are outside the MR"))?;
+            Ok(m.bytes()[offset..end].to_vec())
+        })
+    }
+
+    /// Copies `data` into the region at `offset`.
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
+        let (lkey, data) = (self.lkey, data.to_vec());
+        self.ctx.call(move |dp| {
+            let m = dp
+                .core
+                .mem
+                .by_lkey_mut(lkey)
+                .ok_or_else(|| anyhow!("MR 0x{lkey:x} is not registered"))?;
+            let end = offset
+                .checked_add(data.len())
+                .filter(|&e| e <= m.bytes().len())
+                .ok_or_else(|| {
+                    anyhow!("{} bytes at offset {offset} are outside the MR", data.len())
+                })?;
+            m.bytes_mut()[offset..end].copy_from_slice(&data);
+            Ok(())
+        })
+    }
+
+    /// An SGE covering `len` bytes at `offset`.
+    pub fn sge(&self, offset: u64, len: u32) -> Sge {
+        Sge {
+            addr: self.addr + offset,
+            length: len,
+            lkey: self.lkey,
+        }
+    }
+
+    /// Deregisters the region; remote accesses with its rkey then fail.
+    pub fn dereg(self) -> Result<()> {
+        let lkey = self.lkey;
+        self.ctx.call(move |dp| dp.core.dereg_mr(lkey))
+    }
+}
+
+/// A completion queue.
+pub struct Cq {
+    ctx: Context,
+    cqn: u32,
+}
+
+impl Cq {
+    /// Takes up to `wcs.len()` completions in one call; returns how many.
+    pub fn poll(&self, wcs: &mut [Wc]) -> Result<usize> {
+        let (cqn, max) = (self.cqn, wcs.len());
+        let got = self.ctx.call(move |dp| {
+            let cq = dp
+                .core
+                .cq_mut(cqn)
+                .ok_or_else(|| anyhow!("CQ {cqn} does not exist"))?;
+            let mut v = vec![crate::standalone::NO_WC; max];
+            let n = cq.poll(&mut v);
+            v.truncate(n);
+            Ok(v)
+        })?;
+        wcs[..got.len()].copy_from_slice(&got);
+        Ok(got.len())
+    }
+}
+
+/// An RC queue pair.
+pub struct Qp {
+    ctx: Context,
+    pub qpn: u32,
+}
+
+/// A work request's scatter/gather list, owned so that it can travel to the
+/// data path thread.
+#[derive(Clone, Copy)]
+struct OwnedSgl {
+    sges: [Sge; crate::engine::MAX_SGE],
+    n: usize,
+}
+
+impl OwnedSgl {
+    fn new(list: &[Sge]) -> Result<OwnedSgl> {
+        let mut sges = [Sge::default(); crate::engine::MAX_SGE];
+        if list.len() > sges.len() {
+            anyhow::bail!(
+                "{} SGEs, at most {} per work request",
+                list.len(),
+                sges.len()
+            );
+        }
+        sges[..list.len()].copy_from_slice(list);
+        Ok(OwnedSgl {
+            sges,
+            n: list.len(),
+        })
+    }
+}
+
+impl Qp {
+    /// `ibv_modify_qp`: attribute checks and state transitions as the
+    /// engine defines them; an invalid transition is an error naming the
+    /// state and the attribute.
+    pub fn modify(&self, attr: &QpAttr) -> Result<()> {
+        let (qpn, attr) = (self.qpn, attr.clone());
+        self.ctx.call(move |dp| dp.core.modify_qp(qpn, &attr))
+    }
+
+    /// INIT -> RTR -> RTS towards the peer at `path` in one step.
+    pub fn connect(&self, path: Path, c: &Connect) -> Result<()> {
+        let (qpn, c) = (self.qpn, *c);
+        self.ctx.call(move |dp| dp.core.connect_qp(qpn, path, &c))
+    }
+
+    pub fn state(&self) -> Result<QpState> {
+        let qpn = self.qpn;
+        self.ctx.call(move |dp| {
+            dp.core
+                .qp(qpn)
+                .map(|q| q.state())
+                .ok_or_else(|| anyhow!("QP 0x{qpn:x} does not exist"))
+        })
+    }
+
+    /// Posts a send-queue work request (the SGEs and inline data are
+    /// copied at post time).
+    pub fn post_send(&self, wr: &SendWr) -> Result<()> {
+        let qpn = self.qpn;
+        let sgl = OwnedSgl::new(wr.sg_list)?;
+        let inline = wr.inline.map(|d| d.to_vec());
+        let (wr_id, opcode, flags): (u64, WrOpcode, SendFlags) = (wr.wr_id, wr.opcode, wr.flags);
+        let (imm, remote_addr, rkey, compare_add, swap) =
+            (wr.imm, wr.remote_addr, wr.rkey, wr.compare_add, wr.swap);
+        self.ctx.call(move |dp| {
+            let mut w = SendWr::new(wr_id, opcode, &sgl.sges[..sgl.n]);
+            w.inline = inline.as_deref();
+            w.flags = flags;
+            w.imm = imm;
+            w.remote_addr = remote_addr;
+            w.rkey = rkey;
+            w.compare_add = compare_add;
+            w.swap = swap;
+            dp.core.post_send(qpn, &w)
+        })
+    }
+
+    /// Posts a receive buffer.
+    pub fn post_recv(&self, wr: &RecvWr) -> Result<()> {
+        let (qpn, wr_id) = (self.qpn, wr.wr_id);
+        let sgl = OwnedSgl::new(wr.sg_list)?;
+        self.ctx.call(move |dp| {
+            dp.core.post_recv(
+                qpn,
+                &RecvWr {
+                    wr_id,
+                    sg_list: &sgl.sges[..sgl.n],
+                },
+            )
+        })
+    }
+}
