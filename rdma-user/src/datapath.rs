@@ -532,8 +532,12 @@ impl Core {
 
     /// Builds the next frame of any QP (round-robin) into `buf`; returns
     /// its length, or 0 when no QP has anything to send.
+    /// The next frame of any QP, round robin, into `buf`: its length, 0 for
+    /// nothing, or `xsk::NEEDS_LARGER` when only QPs whose frames do not
+    /// fit `buf` may have something.
     pub fn build_frame(&mut self, now: Nanos, buf: &mut [u8]) -> usize {
         let n = self.qp_order.len();
+        let mut too_small = false;
         for i in 0..n {
             let idx = (self.rr + i) % n;
             let qpn = self.qp_order[idx];
@@ -545,6 +549,7 @@ impl Core {
             };
             let hl = net.net_header_len();
             if buf.len() < hl + slot.qp.max_segment_len() + ICRC_LEN {
+                too_small = true;
                 continue;
             }
             if let Some(tl) = slot.qp.poll_transmit(now, &self.mem, &mut buf[hl..]) {
@@ -558,7 +563,11 @@ impl Core {
             }
             Self::drain_wcs(slot, &mut self.cqs, &mut self.stats);
         }
-        0
+        if too_small {
+            crate::xsk::NEEDS_LARGER
+        } else {
+            0
+        }
     }
 }
 

@@ -24,6 +24,8 @@ const XDP_USE_SG: u16 = 1 << 4;
 pub const XDP_PKT_CONTD: u32 = 1;
 /// Most chunks one frame may span.
 const MAX_FRAGS: usize = 32;
+/// What a `send_with` builder returns for a frame larger than its buffer.
+pub const NEEDS_LARGER: usize = usize::MAX;
 /// Descriptors waiting for TX ring room before send_with pushes back.
 const TX_BACKLOG_LIMIT: usize = 64;
 
@@ -375,12 +377,12 @@ impl Xsk {
     }
 
     /// Sends one frame built by `build`, which gets a buffer and returns the
-    /// frame length (0: nothing that fits this buffer). `build` first gets
-    /// one UMEM chunk to write into directly, so a frame that fits a chunk
-    /// is copied once (payload from the MR into the chunk); only when that
-    /// yields nothing and the socket is multi-buffer does it get a
-    /// `max_frame()` scratch buffer, whose frame goes out as several
-    /// chunks. Chunks for the largest frame are secured *before* `build`
+    /// frame length: 0 for nothing to send, [`NEEDS_LARGER`] for a frame
+    /// that does not fit this buffer. `build` first gets one UMEM chunk to
+    /// write into directly, so a frame that fits a chunk is copied once
+    /// (payload from the MR into the chunk); only when it asks for more
+    /// and the socket is multi-buffer does it get a `max_frame()` scratch
+    /// buffer, whose frame goes out as several chunks. Chunks for the largest frame are secured *before* `build`
     /// runs, and descriptors that do not fit the TX ring wait in a local
     /// backlog, so a frame the caller produced is never dropped here.
     /// Returns false when nothing was sent (no chunks, or the backlog is
@@ -414,7 +416,7 @@ impl Xsk {
             return self.sent_one();
         }
         self.free.push(addr);
-        if !self.multi_buffer {
+        if len != NEEDS_LARGER || !self.multi_buffer {
             return false;
         }
         let len = build(&mut self.scratch[..max]);
@@ -528,7 +530,7 @@ impl Xsk {
     pub fn send(&mut self, frame: &[u8]) -> bool {
         self.send_with(|buf| {
             if frame.len() > buf.len() {
-                return 0;
+                return NEEDS_LARGER;
             }
             buf[..frame.len()].copy_from_slice(frame);
             frame.len()
