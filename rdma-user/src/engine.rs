@@ -1325,8 +1325,10 @@ impl Qp {
                 self.noack_pkts += 1;
                 // With a limited window the packet that fills it must ask
                 // for an ACK, or the window stays shut until a timeout.
-                let fills_window = self.window != u32::MAX
-                    && psn_diff(psn, self.oldest_unacked_psn()) as u32 + 1 >= self.window;
+                let fills_window = self.window != u32::MAX && {
+                    let ahead = psn_diff(psn, self.oldest_unacked_psn());
+                    ahead >= 0 && ahead as u32 + 1 >= self.window
+                };
                 let ack_req = last || self.noack_pkts >= MAX_PKT_PER_ACK || fills_window;
                 if ack_req {
                     self.noack_pkts = 0;
