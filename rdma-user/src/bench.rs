@@ -353,13 +353,7 @@ pub fn run(o: Options) -> Result<Vec<Record>> {
     if matches!(o.test, Test::SendLat | Test::SendBw) {
         for q in &qps {
             for _ in 0..rx_depth {
-                dev.dp.core.post_recv(
-                    q.qpn,
-                    &RecvWr {
-                        wr_id: 0,
-                        sg_list: &q.recv_sg,
-                    },
-                )?;
+                q.post_recv(&mut dev)?;
             }
         }
     }
@@ -545,6 +539,17 @@ impl QpCtx {
     fn peer(&self) -> &Keys {
         self.peer.as_ref().expect("connected before use")
     }
+
+    /// One receive into the slot the peer targets.
+    fn post_recv(&self, dev: &mut Device) -> Result<()> {
+        dev.dp.core.post_recv(
+            self.qpn,
+            &RecvWr {
+                wr_id: 0,
+                sg_list: &self.recv_sg,
+            },
+        )
+    }
 }
 
 /// Latency statistics the way perftest reports them: per-iteration times,
@@ -649,13 +654,7 @@ fn pingpong(dev: &mut Device, c: &Ctx, o: &Options, size: usize) -> Result<Recor
                     WcOpcode::Recv,
                     Duration::from_secs(o.connect_timeout),
                 )?;
-                dev.dp.core.post_recv(
-                    q.qpn,
-                    &RecvWr {
-                        wr_id: 0,
-                        sg_list: &q.recv_sg,
-                    },
-                )?;
+                q.post_recv(dev)?;
             }
         }
         if scnt < iters {
@@ -792,13 +791,7 @@ fn stream(dev: &mut Device, c: &Ctx, o: &Options, size: usize, client: bool) -> 
             };
             done_per_qp[i] += 1;
             if !client {
-                dev.dp.core.post_recv(
-                    w.qp_num,
-                    &RecvWr {
-                        wr_id: 0,
-                        sg_list: &c.qps[i].recv_sg,
-                    },
-                )?;
+                c.qps[i].post_recv(dev)?;
             }
         }
         if n > 0 {

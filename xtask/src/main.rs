@@ -784,24 +784,29 @@ fn interop(quick: bool, keep_vm: bool, only: Option<&str>) -> Result<()> {
             ("send_bw", "send-bw", &[2, 5000]),
         ]
     };
-    for (tool, ours, sizes) in perf {
-        for &s in *sizes {
-            let n = if s >= 1 << 20 { 5 } else { 20 };
-            let size = (*tool != "atomic_lat").then_some(s);
-            let c = perf_case("", tool, ours, size, n, true);
-            // rxe never stops its retransmit timer once everything is
-            // ACKed (rxe_comp.c: "some timeouts are spurious since we do not
-            // reset the timer"): it fires one timeout after the last ACK of
-            // a message and retries the next message if that one is in
-            // flight by then. A 1 MiB ping-pong into the emulated VM takes
-            // about 70 ms a message, right at perftest's default 67 ms
-            // (-u 14), so rxe would retry without any loss; a longer
-            // timeout keeps its counters meaningful.
-            cases.push(if s >= 1 << 20 && tool.ends_with("_lat") {
-                c.with_rxe_flags("-u 18")
-            } else {
-                c
-            });
+    // perftest servers in the VM against our bench client, then (full
+    // matrix) perftest clients in the VM against our bench server.
+    let roles: &[bool] = if quick { &[true] } else { &[true, false] };
+    for &rxe_server in roles {
+        for (tool, ours, sizes) in perf {
+            for &s in *sizes {
+                let n = if s >= 1 << 20 { 5 } else { 20 };
+                let size = (*tool != "atomic_lat").then_some(s);
+                let c = perf_case("", tool, ours, size, n, rxe_server);
+                // rxe never stops its retransmit timer once everything is
+                // ACKed (rxe_comp.c: "some timeouts are spurious since we do
+                // not reset the timer"): it fires one timeout after the last
+                // ACK of a message and retries the next message if that one
+                // is in flight by then. A 1 MiB ping-pong into the emulated
+                // VM takes about 70 ms a message, right at perftest's
+                // default 67 ms (-u 14), so rxe would retry without any
+                // loss; a longer timeout keeps its counters meaningful.
+                cases.push(if s >= 1 << 20 && tool.ends_with("_lat") {
+                    c.with_rxe_flags("-u 18")
+                } else {
+                    c
+                });
+            }
         }
     }
     if !quick {
@@ -822,21 +827,6 @@ fn interop(quick: bool, keep_vm: bool, only: Option<&str>) -> Result<()> {
         let mut c = perf_case("", "write_bw", "write-bw", None, 5, true).with_flags("-a", "-a");
         c.result = Some((1 << 23, 5));
         cases.push(c);
-    }
-    if !quick {
-        // perftest clients in the VM against our bench server.
-        for (tool, ours, size) in [
-            ("write_lat", "write-lat", 2usize),
-            ("send_lat", "send-lat", 2),
-            ("read_lat", "read-lat", 5000),
-            ("atomic_lat", "atomic-lat", 8),
-            ("write_bw", "write-bw", 5000),
-            ("read_bw", "read-bw", 65536),
-            ("send_bw", "send-bw", 5000),
-        ] {
-            let size = (tool != "atomic_lat").then_some(size);
-            cases.push(perf_case("", tool, ours, size, 20, false));
-        }
     }
     let mut results = Vec::new();
     // rxe's error counters are read around every clean case: a case that
