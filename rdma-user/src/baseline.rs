@@ -409,7 +409,11 @@ fn afxdp(o: &Options) -> Result<Option<Record>> {
 /// In-memory engine throughput: 64-byte WRITEs from a requester to a
 /// responder and their ACKs back, full frames with ICRC both ways.
 /// Returns (WRITE messages per second, frames per second).
-pub fn engine_pps(writes: u64) -> Result<(f64, f64)> {
+/// With `framing` false only the engine runs: the requester's transport
+/// headers and payload go through `TransportRepr::parse` into the
+/// responder, without Ethernet/IP/UDP and without ICRC (the wire layer's
+/// share, measured by the framed run).
+pub fn engine_pps(writes: u64, framing: bool) -> Result<(f64, f64)> {
     use crate::engine::*;
     use crate::mr::{Access, MrTable};
     use std::net::Ipv4Addr;
@@ -480,8 +484,13 @@ pub fn engine_pps(writes: u64) -> Result<(f64, f64)> {
             posted += 1;
         }
         now += 100;
-        frames += pump(now, &mut a, &amem, &anet, &mut b, &mut bmem, &mut frame)?;
-        frames += pump(now, &mut b, &bmem, &bnet, &mut a, &mut amem, &mut frame)?;
+        let (an, bn) = if framing {
+            (Some(&anet), Some(&bnet))
+        } else {
+            (None, None)
+        };
+        frames += pump(now, &mut a, &amem, an, &mut b, &mut bmem, &mut frame)?;
+        frames += pump(now, &mut b, &bmem, bn, &mut a, &mut amem, &mut frame)?;
         while let Some(wc) = a.poll_completion() {
             if wc.status != WcStatus::Success {
                 bail!("engine benchmark: {:?}", wc.status);
@@ -493,23 +502,31 @@ pub fn engine_pps(writes: u64) -> Result<(f64, f64)> {
     Ok((writes as f64 / secs, frames as f64 / secs))
 }
 
-/// Moves every segment `src` wants to send through framing, the parser and
-/// into `dst`; returns how many.
+/// Moves every segment `src` wants to send through framing (if `snet`),
+/// the parser and into `dst`; returns how many.
 fn pump(
     now: u64,
     src: &mut crate::engine::Qp,
     smem: &crate::mr::MrTable,
-    snet: &RoceRepr,
+    snet: Option<&RoceRepr>,
     dst: &mut crate::engine::Qp,
     dmem: &mut crate::mr::MrTable,
     frame: &mut [u8],
 ) -> Result<u64> {
-    let hl = snet.net_header_len();
+    let hl = snet.map_or(0, |n| n.net_header_len());
     let mut n = 0;
     while let Some(tl) = src.poll_transmit(now, smem, &mut frame[hl..]) {
-        let len = snet.emit_net_and_icrc(frame, tl + ICRC_LEN)?;
-        let (r, l) = RoceRepr::parse(&frame[..len])?;
-        dst.handle_packet(now, &r.transport, &frame[l.payload], dmem);
+        match snet {
+            Some(net) => {
+                let len = net.emit_net_and_icrc(frame, tl + ICRC_LEN)?;
+                let (r, l) = RoceRepr::parse(&frame[..len])?;
+                dst.handle_packet(now, &r.transport, &frame[l.payload], dmem);
+            }
+            None => {
+                let (t, payload) = TransportRepr::parse(&frame[..tl + ICRC_LEN])?;
+                dst.handle_packet(now, &t, &frame[payload], dmem);
+            }
+        }
         n += 1;
     }
     Ok(n)

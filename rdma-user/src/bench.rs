@@ -97,6 +97,9 @@ pub struct Record {
     pub bw_avg_gbps: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub msg_rate_mpps: Option<f64>,
+    /// Engine microbenchmark: frames/s through the engine alone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine_only_mpps: Option<f64>,
 }
 
 const VERSION: &[u8; 4] = b"6.06";

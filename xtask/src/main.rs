@@ -1764,5 +1764,17 @@ fn summary(r: &[Value]) -> String {
             ratio(a, b)
         );
     }
+    if let Some(e) = find(r, "engine_write_64", 64) {
+        let m = |k: &str| {
+            e[k].as_f64()
+                .map(|x| format!("{x:.2}"))
+                .unwrap_or("-".into())
+        };
+        s += &format!(
+            "| engine 64 B WRITEs, M frames/s: engine only / with framing and ICRC | {} / {} | - | >= 5 |\n",
+            m("engine_only_mpps"),
+            m("msg_rate_mpps")
+        );
+    }
     s
 }
