@@ -1244,13 +1244,9 @@ impl Qp {
             return None;
         }
         self.normalize_cursor();
-        let mut w = *self.sq.get(self.cur)?;
+        let started = self.sq.get(self.cur)?.started;
         if self.window != u32::MAX {
-            let psn = if w.started {
-                self.cur_psn
-            } else {
-                self.next_psn
-            };
+            let psn = if started { self.cur_psn } else { self.next_psn };
             let ahead = psn_diff(psn, self.oldest_unacked_psn());
             // The oldest packet may always go (a READ request spans many
             // PSNs but is one packet).
@@ -1258,7 +1254,9 @@ impl Qp {
                 return None;
             }
         }
-        if !w.started {
+        if !started {
+            // Copied once per WQE; the packets below read it in place.
+            let mut w = self.sq[self.cur];
             if self.state == QpState::Sqd {
                 return None;
             }
@@ -1292,6 +1290,7 @@ impl Qp {
             }
             self.sq[self.cur] = w;
         }
+        let w = &self.sq[self.cur];
         let psn = self.cur_psn;
         let k = psn_diff(psn, w.first_psn) as u32;
         let off = k * self.mtu;

@@ -192,10 +192,18 @@ pub struct Resolved {
 }
 
 /// All memory regions of one device.
+///
+/// A key's low `slot_bits` bits are the region's slot and the rest are
+/// random: a lookup is one index and one compare, no hashing on the
+/// packet path (rxe does the same with 8 random bits; here at least 16 of
+/// the 32 bits are random, 22 with the default 1024 regions). A freed
+/// slot's next keys differ from its previous ones.
 pub struct MrTable {
     slots: Vec<Option<MemoryRegion>>,
-    by_lkey: KeyMap<usize>,
-    by_rkey: KeyMap<usize>,
+    /// The last (lkey, rkey) of each slot, never handed out again for it.
+    last_keys: Vec<(u32, u32)>,
+    count: usize,
+    slot_bits: u32,
     max_mr: usize,
     rng: crate::rng::Rng,
 }
@@ -229,24 +237,31 @@ impl MrTable {
     /// `seed` drives key generation: pass real entropy in production and a
     /// fixed value in simulation, so runs reproduce.
     pub fn new(max_mr: usize, seed: u64) -> MrTable {
+        // At most 2^16 regions: at least 16 random bits per key.
+        let max_mr = max_mr.clamp(1, 1 << 16);
         MrTable {
             slots: Vec::new(),
-            by_lkey: KeyMap::default(),
-            by_rkey: KeyMap::default(),
+            last_keys: Vec::new(),
+            count: 0,
+            slot_bits: (max_mr.max(2) - 1).ilog2() + 1,
             max_mr,
             rng: crate::rng::Rng(seed ^ 0x9e37_79b9_7f4a_7c15),
         }
     }
 
-    /// splitmix64: keys look random to a peer who has seen other keys, so an
-    /// rkey cannot be guessed from its neighbours.
-    fn next_key(&mut self) -> u32 {
+    /// A key for `slot`: splitmix64 bits above the slot index, so a peer
+    /// who has seen other keys cannot guess this one's random part.
+    fn next_key(&mut self, slot: usize, avoid: [u32; 3]) -> u32 {
         loop {
-            let k = self.rng.next_u64() as u32;
-            if k != 0 && !self.by_lkey.contains_key(&k) && !self.by_rkey.contains_key(&k) {
+            let k = ((self.rng.next_u64() as u32) << self.slot_bits) | slot as u32;
+            if k != 0 && !avoid.contains(&k) {
                 return k;
             }
         }
+    }
+
+    fn slot_of(&self, key: u32) -> usize {
+        (key & ((1u32 << self.slot_bits) - 1)) as usize
     }
 
     pub fn register(
@@ -259,18 +274,22 @@ impl MrTable {
         if backing.len() == 0 {
             return Err(RegError::ZeroLength);
         }
-        if self.by_lkey.len() >= self.max_mr {
+        if self.count >= self.max_mr {
             return Err(RegError::TooMany { max: self.max_mr });
         }
-        let lkey = self.next_key();
-        let rkey = self.next_key();
         let slot = match self.slots.iter().position(Option::is_none) {
             Some(i) => i,
             None => {
                 self.slots.push(None);
+                self.last_keys.push((0, 0));
                 self.slots.len() - 1
             }
         };
+        let (old_l, old_r) = self.last_keys[slot];
+        let lkey = self.next_key(slot, [old_l, old_r, 0]);
+        let rkey = self.next_key(slot, [old_l, old_r, lkey]);
+        self.last_keys[slot] = (lkey, rkey);
+        self.count += 1;
         self.slots[slot] = Some(MemoryRegion {
             pd,
             addr,
@@ -279,8 +298,6 @@ impl MrTable {
             rkey,
             backing,
         });
-        self.by_lkey.insert(lkey, slot);
-        self.by_rkey.insert(rkey, slot);
         Ok((lkey, rkey))
     }
 
@@ -302,17 +319,20 @@ impl MrTable {
 
     /// Removes a region by its lkey; returns its backing so the owner can free it.
     pub fn deregister(&mut self, lkey: u32) -> Option<Backing> {
-        let slot = self.by_lkey.remove(&lkey)?;
+        let slot = self.slot_of(lkey);
+        if self.slots.get(slot)?.as_ref()?.lkey != lkey {
+            return None;
+        }
         let mr = self.slots[slot].take()?;
-        self.by_rkey.remove(&mr.rkey);
+        self.count -= 1;
         Some(mr.backing)
     }
 
     pub fn len(&self) -> usize {
-        self.by_lkey.len()
+        self.count
     }
     pub fn is_empty(&self) -> bool {
-        self.by_lkey.is_empty()
+        self.count == 0
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &MemoryRegion> {
@@ -320,18 +340,23 @@ impl MrTable {
     }
 
     pub fn by_lkey(&self, lkey: u32) -> Option<&MemoryRegion> {
-        self.by_lkey
-            .get(&lkey)
-            .and_then(|&s| self.slots[s].as_ref())
+        self.slot_by_lkey(lkey).and_then(|s| self.slots[s].as_ref())
     }
     pub fn by_lkey_mut(&mut self, lkey: u32) -> Option<&mut MemoryRegion> {
-        let s = *self.by_lkey.get(&lkey)?;
+        let s = self.slot_by_lkey(lkey)?;
         self.slots[s].as_mut()
     }
     pub fn by_rkey(&self, rkey: u32) -> Option<&MemoryRegion> {
-        self.by_rkey
-            .get(&rkey)
-            .and_then(|&s| self.slots[s].as_ref())
+        self.slot_by_rkey(rkey).and_then(|s| self.slots[s].as_ref())
+    }
+
+    fn slot_by_lkey(&self, lkey: u32) -> Option<usize> {
+        let s = self.slot_of(lkey);
+        (self.slots.get(s)?.as_ref()?.lkey == lkey).then_some(s)
+    }
+    fn slot_by_rkey(&self, rkey: u32) -> Option<usize> {
+        let s = self.slot_of(rkey);
+        (self.slots.get(s)?.as_ref()?.rkey == rkey).then_some(s)
     }
 
     fn check(
@@ -367,7 +392,7 @@ impl MrTable {
         len: u64,
         need: Access,
     ) -> Result<Resolved, AccessError> {
-        let &slot = self.by_rkey.get(&rkey).ok_or(AccessError::BadKey)?;
+        let slot = self.slot_by_rkey(rkey).ok_or(AccessError::BadKey)?;
         let mr = self.slots[slot].as_ref().ok_or(AccessError::BadKey)?;
         let offset = Self::check(mr, pd, va, len, need)?;
         Ok(Resolved {
@@ -387,7 +412,7 @@ impl MrTable {
         len: u64,
         need: Access,
     ) -> Result<Resolved, AccessError> {
-        let &slot = self.by_lkey.get(&lkey).ok_or(AccessError::BadKey)?;
+        let slot = self.slot_by_lkey(lkey).ok_or(AccessError::BadKey)?;
         let mr = self.slots[slot].as_ref().ok_or(AccessError::BadKey)?;
         let offset = Self::check(mr, pd, addr, len, need)?;
         Ok(Resolved {
@@ -515,6 +540,29 @@ mod tests {
         for w in keys.windows(2) {
             assert!(w[0].abs_diff(w[1]) > 0x1000, "{keys:x?}");
         }
+    }
+
+    #[test]
+    fn keys_index_directly_and_are_not_reused() {
+        let mut t = MrTable::new(1024, 11);
+        let (l, r) = t.register_heap(1, 64, 0x1000, Access::ALL).unwrap();
+        // 10 slot bits, 22 random ones: the same slot with another random
+        // part is a bad key, for lkeys and rkeys alike.
+        for bit in [10, 20, 31] {
+            assert!(t.by_lkey(l ^ (1 << bit)).is_none());
+            assert_eq!(
+                t.resolve(r ^ (1 << bit), 1, 0x1000, 8, Access::REMOTE_READ),
+                Err(AccessError::BadKey)
+            );
+        }
+        assert!(t.by_rkey(r).is_some() && t.by_lkey(r).is_none() && t.by_rkey(l).is_none());
+        // The freed slot's next region gets new keys: the old ones stay bad.
+        t.deregister(l).unwrap();
+        let (l2, r2) = t.register_heap(1, 64, 0x1000, Access::ALL).unwrap();
+        assert_eq!(l2 & 0x3ff, l & 0x3ff, "same slot");
+        assert!(l2 != l && r2 != r && l2 != r && r2 != l);
+        assert!(t.by_lkey(l).is_none() && t.by_rkey(r).is_none());
+        assert_eq!(t.len(), 1);
     }
 
     #[test]
