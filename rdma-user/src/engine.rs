@@ -1382,7 +1382,7 @@ impl Qp {
         if plen > 0 {
             let inline = &self.inline_bufs[w.inline_slot as usize][..w.inline_len as usize];
             Self::gather(
-                &w,
+                w,
                 inline,
                 mem,
                 self.pd,
