@@ -198,11 +198,7 @@ impl Mr {
                 .mem
                 .by_lkey(lkey)
                 .ok_or_else(|| anyhow!("MR 0x{lkey:x} is not registered"))?;
-            let end = offset
-                .checked_add(len)
-                .filter(|&e| e <= m.bytes().len())
-                .ok_or_else(|| anyhow!("{len} bytes at offset {offset} are outside the MR"))?;
-            Ok(m.bytes()[offset..end].to_vec())
+            Ok(m.bytes()[window(m.len(), offset, len)?].to_vec())
         })
     }
 
@@ -215,13 +211,8 @@ impl Mr {
                 .mem
                 .by_lkey_mut(lkey)
                 .ok_or_else(|| anyhow!("MR 0x{lkey:x} is not registered"))?;
-            let end = offset
-                .checked_add(data.len())
-                .filter(|&e| e <= m.bytes().len())
-                .ok_or_else(|| {
-                    anyhow!("{} bytes at offset {offset} are outside the MR", data.len())
-                })?;
-            m.bytes_mut()[offset..end].copy_from_slice(&data);
+            let w = window(m.len(), offset, data.len())?;
+            m.bytes_mut()[w].copy_from_slice(&data);
             Ok(())
         })
     }
@@ -240,6 +231,15 @@ impl Mr {
         let lkey = self.lkey;
         self.ctx.call(move |dp| dp.core.dereg_mr(lkey))
     }
+}
+
+/// `len` bytes at `offset` of a region of `mr_len` bytes, if inside.
+fn window(mr_len: usize, offset: usize, len: usize) -> Result<std::ops::Range<usize>> {
+    offset
+        .checked_add(len)
+        .filter(|&e| e <= mr_len)
+        .map(|end| offset..end)
+        .ok_or_else(|| anyhow!("{len} bytes at offset {offset} are outside the MR"))
 }
 
 /// A completion queue.

@@ -1221,7 +1221,7 @@ fn xsk_recv(
 /// checked; any mismatch is an error.
 fn verbs_demo(a: &str, b: &str) -> Result<()> {
     use rdma_user::datapath::{Connect, Path};
-    use rdma_user::engine::{QpAttr, QpCap, RecvWr, SendWr, Wc, WcOpcode, WcStatus, WrOpcode};
+    use rdma_user::engine::{QpAttr, QpCap, RecvWr, SendWr, Sge, Wc, WcOpcode, WcStatus, WrOpcode};
     use rdma_user::mr::Access;
     use rdma_user::standalone::NO_WC;
     use rdma_user::verbs::{Context, ContextOptions, Cq, Polling};
@@ -1289,27 +1289,40 @@ fn verbs_demo(a: &str, b: &str) -> Result<()> {
         &Connect::new(qa.qpn, psn_a, psn_b, 1024),
     )?;
 
+    // One-sided operations from A: post, then wait for the completion.
+    let one_sided = |id: u64, op: WrOpcode, local: Sge, remote_addr: u64, rkey: u32, add: u64| {
+        let sg = [local];
+        let mut wr = SendWr::new(id, op, &sg);
+        wr.remote_addr = remote_addr;
+        wr.rkey = rkey;
+        wr.compare_add = add;
+        qa.post_send(&wr)?;
+        let want = match op {
+            WrOpcode::RdmaRead => WcOpcode::RdmaRead,
+            WrOpcode::FetchAdd => WcOpcode::FetchAdd,
+            _ => WcOpcode::RdmaWrite,
+        };
+        wait(&cqa, want)
+    };
+
     // WRITE: 3000 bytes (3 packets) from A into B.
     let data: Vec<u8> = (0..3000u32).map(|i| (i * 7 + 3) as u8).collect();
     ma.write(0, &data)?;
-    let sg = [ma.sge(0, 3000)];
-    let mut wr = SendWr::new(1, WrOpcode::RdmaWrite, &sg);
-    wr.remote_addr = mb.addr;
-    wr.rkey = mb.rkey;
-    qa.post_send(&wr)?;
-    let w = wait(&cqa, WcOpcode::RdmaWrite)?;
+    let w = one_sided(1, WrOpcode::RdmaWrite, ma.sge(0, 3000), mb.addr, mb.rkey, 0)?;
     if w.status != WcStatus::Success || mb.read(0, 3000)? != data {
         bail!("WRITE: {:?}, or B's MR does not hold the bytes", w.status);
     }
     println!("WRITE 3000 B: ok");
 
     // READ it back into A at 4096.
-    let sg = [ma.sge(4096, 3000)];
-    let mut wr = SendWr::new(2, WrOpcode::RdmaRead, &sg);
-    wr.remote_addr = mb.addr;
-    wr.rkey = mb.rkey;
-    qa.post_send(&wr)?;
-    let w = wait(&cqa, WcOpcode::RdmaRead)?;
+    let w = one_sided(
+        2,
+        WrOpcode::RdmaRead,
+        ma.sge(4096, 3000),
+        mb.addr,
+        mb.rkey,
+        0,
+    )?;
     if w.status != WcStatus::Success || ma.read(4096, 3000)? != data {
         bail!("READ: {:?}, or the bytes differ", w.status);
     }
@@ -1339,13 +1352,14 @@ fn verbs_demo(a: &str, b: &str) -> Result<()> {
 
     // FETCH_ADD on a counter in B; the old value lands in A.
     mb.write(8000, &41u64.to_le_bytes())?;
-    let sg = [ma.sge(8000, 8)];
-    let mut wr = SendWr::new(4, WrOpcode::FetchAdd, &sg);
-    wr.remote_addr = mb.addr + 8000;
-    wr.rkey = mb.rkey;
-    wr.compare_add = 1;
-    qa.post_send(&wr)?;
-    let w = wait(&cqa, WcOpcode::FetchAdd)?;
+    let w = one_sided(
+        4,
+        WrOpcode::FetchAdd,
+        ma.sge(8000, 8),
+        mb.addr + 8000,
+        mb.rkey,
+        1,
+    )?;
     let old = u64::from_le_bytes(ma.read(8000, 8)?.try_into().unwrap());
     let now = u64::from_le_bytes(mb.read(8000, 8)?.try_into().unwrap());
     if w.status != WcStatus::Success || old != 41 || now != 42 {
@@ -1355,12 +1369,7 @@ fn verbs_demo(a: &str, b: &str) -> Result<()> {
 
     // A WRITE to a read-only MR: remote access error, MR untouched, QP in ERR.
     let before = ro.read(0, 4096)?;
-    let sg = [ma.sge(0, 64)];
-    let mut wr = SendWr::new(5, WrOpcode::RdmaWrite, &sg);
-    wr.remote_addr = ro.addr;
-    wr.rkey = ro.rkey;
-    qa.post_send(&wr)?;
-    let w = wait(&cqa, WcOpcode::RdmaWrite)?;
+    let w = one_sided(5, WrOpcode::RdmaWrite, ma.sge(0, 64), ro.addr, ro.rkey, 0)?;
     if w.status != WcStatus::RemAccessErr || ro.read(0, 4096)? != before {
         bail!(
             "WRITE to a read-only MR: {:?} (want RemAccessErr), or the MR changed",
