@@ -601,6 +601,49 @@ fn wait_wc(dev: &mut Device, cq: u32, want: WcOpcode, timeout: Duration) -> Resu
     }
 }
 
+/// A progress line on stderr every few seconds of a long run (stdout keeps
+/// perftest's result lines only). Looks at the clock once per 256 calls.
+struct Progress {
+    start: Instant,
+    next: Duration,
+    calls: u32,
+    quiet: bool,
+}
+
+impl Progress {
+    const EVERY: Duration = Duration::from_secs(3);
+
+    fn new(quiet: bool) -> Progress {
+        Progress {
+            start: Instant::now(),
+            next: Self::EVERY,
+            calls: 0,
+            quiet,
+        }
+    }
+
+    fn tick(&mut self, o: &Options, size: usize, done: u64) {
+        self.calls = self.calls.wrapping_add(1);
+        if self.quiet || !self.calls.is_multiple_of(256) {
+            return;
+        }
+        let t = self.start.elapsed();
+        if t < self.next {
+            return;
+        }
+        self.next = t + Self::EVERY;
+        let mut line = match o.duration {
+            Some(d) => format!("{:.0} of {d:.0} s, {done} done", t.as_secs_f64()),
+            None => format!("{done} of {} iterations", o.iters * o.qps.max(1) as u64),
+        };
+        if !o.test.is_lat() {
+            let gbps = done as f64 * size as f64 * 8.0 / t.as_secs_f64() / 1e9;
+            line += &format!(", {gbps:.3} Gb/s so far");
+        }
+        eprintln!("  {} {size} B: {line}", o.test.name());
+    }
+}
+
 fn done(o: &Options, n: u64, start: Instant) -> bool {
     match o.duration {
         Some(d) => start.elapsed().as_secs_f64() >= d,
@@ -634,7 +677,9 @@ fn pingpong(dev: &mut Device, c: &Ctx, o: &Options, size: usize) -> Result<Recor
     let mut times = Vec::with_capacity(iters as usize + 1);
     let (mut scnt, mut rcnt) = (0u64, 0u64);
     let poll_off = q.target_off + post_at;
+    let mut progress = Progress::new(o.quiet);
     while scnt < iters || rcnt < iters {
+        progress.tick(o, size, scnt);
         if rcnt < iters && !(scnt < 1 && sends_first) {
             rcnt += 1;
             if o.test == Test::WriteLat {
@@ -695,7 +740,9 @@ fn one_sided_lat(dev: &mut Device, c: &Ctx, o: &Options, size: usize) -> Result<
     let mut us = Vec::with_capacity(o.iters as usize);
     let start = Instant::now();
     let mut n = 0u64;
+    let mut progress = Progress::new(o.quiet);
     while !done(o, n, start) {
+        progress.tick(o, len as usize, n);
         let mut wr = SendWr::new(
             n,
             if atomic {
@@ -764,6 +811,7 @@ fn stream(dev: &mut Device, c: &Ctx, o: &Options, size: usize, client: bool) -> 
     let mut window = (Instant::now(), 0u64);
     let peak_span = c.qps.iter().map(depth).sum::<u64>() * 4;
     let mut last_progress = Instant::now();
+    let mut progress = Progress::new(o.quiet);
     let mut wcs = [NO_WC; 64];
     let target_done = |n: u64| done(o, n, start);
     loop {
@@ -797,6 +845,7 @@ fn stream(dev: &mut Device, c: &Ctx, o: &Options, size: usize, client: bool) -> 
                 c.qps[i].post_recv(dev)?;
             }
         }
+        progress.tick(o, size, completed);
         if n > 0 {
             completed += n as u64;
             last_progress = Instant::now();
