@@ -327,7 +327,8 @@ struct BenchArgs {
     mtu: u32,
     #[arg(short = 'p', long, default_value_t = 18515)]
     port: u16,
-    /// Pin to this CPU.
+    /// Pin to this CPU (default: the client CPU 0, the server the last
+    /// CPU, so two sides on one machine do not share a core).
     #[arg(long)]
     cpu: Option<usize>,
     /// Seconds to wait for the peer.
@@ -598,7 +599,10 @@ fn run(cli: Cli) -> Result<()> {
                 duration: b.duration,
                 tx_depth: b.tx_depth,
                 mtu: b.mtu,
-                cpu: b.cpu,
+                cpu: b.cpu.or_else(|| {
+                    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+                    Some(if b.server.is_some() { 0 } else { n - 1 })
+                }),
                 connect_timeout: b.peer_timeout,
                 qps: b.qps,
                 quiet: false,
