@@ -68,6 +68,8 @@ pub struct Options {
     pub connect_timeout: u64,
     /// QPs (-q); bandwidth tests spread the messages over them.
     pub qps: u32,
+    /// Our GID's address (IPv4 or IPv6); default: the one facing the peer.
+    pub local_ip: Option<IpAddr>,
     pub quiet: bool,
 }
 
@@ -333,7 +335,22 @@ pub fn run(o: Options) -> Result<Vec<Record>> {
     oob.xchg(&mut dev, &64i32.to_be_bytes(), timeout)?;
     let m = oob.xchg(&mut dev, &[b'0' + mtu_enum(o.mtu), 0], timeout)?;
     let mtu = enum_mtu(m[0].wrapping_sub(b'0')).min(o.mtu);
-    let local_ip = hostnet::local_addr_for(&o.iface, peer_addr)?;
+    // Our GID: --local-ip, or the address facing the peer. A server without
+    // --local-ip reads the client's first key message before answering (it
+    // reads first anyway) and takes an address of the same family, as
+    // perftest's peers must use GIDs of one family.
+    let mut first_theirs = None;
+    let local_ip = match (o.local_ip, oob.client) {
+        (Some(ip), _) => ip,
+        (None, true) => hostnet::local_addr_for(&o.iface, peer_addr)?,
+        (None, false) => {
+            let mut b = vec![0u8; KEY_LEN];
+            oob.read_polling(&mut dev, &mut b, timeout)?;
+            let k = parse_keys(&b)?;
+            first_theirs = Some(b);
+            hostnet::local_addr_for(&o.iface, gid_to_ip(&k.gid))?
+        }
+    };
     let keys = |q: &QpCtx| Keys {
         out_reads,
         qpn: q.qpn,
@@ -362,7 +379,15 @@ pub fn run(o: Options) -> Result<Vec<Record>> {
     }
     let mut peer_mac = None;
     for q in qps.iter_mut() {
-        let k = parse_keys(&oob.xchg(&mut dev, &fmt_keys(&keys(q)), timeout)?)?;
+        let theirs = match first_theirs.take() {
+            // The server already read this one: answer it.
+            Some(b) => {
+                oob.s.write_all(&fmt_keys(&keys(q)))?;
+                b
+            }
+            None => oob.xchg(&mut dev, &fmt_keys(&keys(q)), timeout)?,
+        };
+        let k = parse_keys(&theirs)?;
         let peer_ip = gid_to_ip(&k.gid);
         let mac = match peer_mac {
             Some(m) => m,

@@ -823,6 +823,22 @@ fn interop(quick: bool, keep_vm: bool, only: Option<&str>) -> Result<()> {
             c.result = Some((size, 40));
             cases.push(c);
         }
+        // IPv6 GIDs (fd99::, rxe's GID index 2), both roles: as the client
+        // we are told our GID address, as the server we take the family of
+        // the client's GID.
+        for (tool, ours, rxe_server) in [
+            ("write_bw", "write-bw", true),
+            ("read_lat", "read-lat", true),
+            ("send_lat", "send-lat", false),
+            ("write_bw", "write-bw", false),
+        ] {
+            let mut c = perf_case("IPv6 GID: ", tool, ours, Some(5000), 20, rxe_server);
+            c.rxe = c.rxe.replace("-x 1", "-x 2");
+            if rxe_server {
+                c.ours.extend(["--local-ip", "fd99::1"].map(String::from));
+            }
+            cases.push(c);
+        }
         // All sizes, 2 B to 8 MiB; perftest's server prints the last.
         let mut c = perf_case("", "write_bw", "write-bw", None, 5, true).with_flags("-a", "-a");
         c.result = Some((1 << 23, 5));

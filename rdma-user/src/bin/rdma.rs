@@ -334,6 +334,10 @@ struct BenchArgs {
     /// Seconds to wait for the peer.
     #[arg(long, default_value_t = 10)]
     peer_timeout: u64,
+    /// Use this local address as our GID (IPv4 or IPv6; perftest's peer
+    /// must use the same family, e.g. `-x 2` for fd99:: in the rxe VM).
+    #[arg(long)]
+    local_ip: Option<std::net::IpAddr>,
 }
 
 #[derive(Subcommand)]
@@ -605,6 +609,7 @@ fn run(cli: Cli) -> Result<()> {
                 }),
                 connect_timeout: b.peer_timeout,
                 qps: b.qps,
+                local_ip: b.local_ip,
                 quiet: false,
             })?;
             if let Some(f) = json_file {
