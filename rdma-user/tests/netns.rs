@@ -278,43 +278,23 @@ fn rdma_write_read_send_atomics_between_namespaces() {
     let (qa, qb) = (qa.to_string(), qb.to_string());
     // A 10000-byte WRITE: ten packets at MTU 1024.
     let data: Vec<u8> = (0..10000u32).map(|i| (i * 13 + 5) as u8).collect();
-    let v = lab.ok(
-        0,
-        &[
-            "post",
-            "write",
-            "--qp",
-            &qa,
-            "--key",
-            &a_l.to_string(),
-            "--data",
-            &hex(&data),
-            "--remote-addr",
-            &(b_addr + 100).to_string(),
-            "--rkey",
-            &b_r.to_string(),
-        ],
+    let v = lab.post_ok(
+        "write",
+        &qa,
+        a_l,
+        &["--data", &hex(&data)],
+        b_addr + 100,
+        b_r,
     );
     assert_eq!(v["wc"]["status"], "success");
     assert_eq!(lab.mr_bytes(1, b_l, 100, 10000), data);
-    let v = lab.ok(
-        0,
-        &[
-            "post",
-            "read",
-            "--qp",
-            &qa,
-            "--key",
-            &a_l.to_string(),
-            "--offset",
-            "20000",
-            "--len",
-            "10000",
-            "--remote-addr",
-            &(b_addr + 100).to_string(),
-            "--rkey",
-            &b_r.to_string(),
-        ],
+    let v = lab.post_ok(
+        "read",
+        &qa,
+        a_l,
+        &["--offset", "20000", "--len", "10000"],
+        b_addr + 100,
+        b_r,
     );
     assert_eq!(v["wc"]["status"], "success");
     assert_eq!(lab.mr_bytes(0, a_l, 20000, 10000), data);
@@ -427,23 +407,7 @@ fn access_violations_fail_with_rem_access_err_and_touch_nothing() {
     for (name, va, rkey) in cases {
         // An access error is fatal to the connection: a fresh QP pair each.
         let (qa, _) = lab.connect();
-        let r = lab.rdma(
-            0,
-            &[
-                "post",
-                "write",
-                "--qp",
-                &qa.to_string(),
-                "--key",
-                &a_l.to_string(),
-                "--data",
-                "deadbeefdeadbeef",
-                "--remote-addr",
-                &va.to_string(),
-                "--rkey",
-                &rkey.to_string(),
-            ],
-        );
+        let r = lab.post("write", qa, a_l, &["--data", "deadbeefdeadbeef"], va, rkey);
         let err = r.expect_err(name);
         assert!(err.contains("REM_ACCESS_ERR"), "{name}: {err}");
         assert_eq!(lab.mr_bytes(1, ro_l, 0, 4096), before_ro, "{name}");
@@ -676,22 +640,13 @@ fn xdp_firewall_drops_dead_qpns_and_spoofed_sources() {
     assert_eq!(d("drop_qpn_not_live"), 2, "{after}");
     assert_eq!(d("drop_spoofed_source"), 2, "{after}");
     // Nothing of it reached the QP; real traffic still flows.
-    let v = lab.ok(
-        0,
-        &[
-            "post",
-            "write",
-            "--qp",
-            &qa.to_string(),
-            "--key",
-            &a_l.to_string(),
-            "--data",
-            "0102030405060708",
-            "--remote-addr",
-            &b_addr.to_string(),
-            "--rkey",
-            &b_r.to_string(),
-        ],
+    let v = lab.post_ok(
+        "write",
+        qa,
+        a_l,
+        &["--data", "0102030405060708"],
+        b_addr,
+        b_r,
     );
     assert_eq!(v["wc"]["status"], "success");
     assert_eq!(lab.mr_bytes(1, b_l, 0, 8), [1, 2, 3, 4, 5, 6, 7, 8]);

@@ -258,42 +258,22 @@ fn hostile_flood_is_counted_touches_nothing_and_valid_traffic_flows() {
         during += running as u32;
         let data: Vec<u8> = (0..3000u32).map(|i| (i as u8) ^ (rounds as u8)).collect();
         let off = (rounds as u64 % 16) * 4096;
-        let w = lab.ok(
-            0,
-            &[
-                "post",
-                "write",
-                "--qp",
-                &qa.to_string(),
-                "--key",
-                &a_l.to_string(),
-                "--data",
-                &rdma_user::daemon::hex(&data),
-                "--remote-addr",
-                &(b_addr + off).to_string(),
-                "--rkey",
-                &b_r.to_string(),
-            ],
+        let w = lab.post_ok(
+            "write",
+            qa,
+            a_l,
+            &["--data", &rdma_user::daemon::hex(&data)],
+            b_addr + off,
+            b_r,
         );
         assert_eq!(w["wc"]["status"], "success", "{w}");
-        let r = lab.ok(
-            0,
-            &[
-                "post",
-                "read",
-                "--qp",
-                &qa.to_string(),
-                "--key",
-                &a_l.to_string(),
-                "--offset",
-                "32768",
-                "--len",
-                "3000",
-                "--remote-addr",
-                &(b_addr + off).to_string(),
-                "--rkey",
-                &b_r.to_string(),
-            ],
+        let r = lab.post_ok(
+            "read",
+            qa,
+            a_l,
+            &["--offset", "32768", "--len", "3000"],
+            b_addr + off,
+            b_r,
         );
         assert_eq!(r["wc"]["status"], "success", "{r}");
         assert_eq!(lab.mr_bytes(0, a_l, 32768, 3000), data, "round {rounds}");
@@ -428,46 +408,29 @@ fn umem_exhaustion_applies_backpressure_and_loses_nothing() {
     let _ = std::fs::remove_file(&file);
     let before = [lab.ok(0, &["stats"]), lab.ok(1, &["stats"])];
     for round in 0..3 {
-        let w = lab.ok(
-            0,
-            &[
-                "post",
-                "write",
-                "--qp",
-                &qa.to_string(),
-                "--key",
-                &a_l.to_string(),
-                "--len",
-                &LEN.to_string(),
-                "--remote-addr",
-                &b_addr.to_string(),
-                "--rkey",
-                &b_r.to_string(),
-                "--timeout-ms",
-                "30000",
-            ],
+        let w = lab.post_ok(
+            "write",
+            qa,
+            a_l,
+            &["--len", &LEN.to_string(), "--timeout-ms", "30000"],
+            b_addr,
+            b_r,
         );
         assert_eq!(w["wc"]["status"], "success", "round {round}: {w}");
-        let r = lab.ok(
-            0,
+        let r = lab.post_ok(
+            "read",
+            qa,
+            a_l,
             &[
-                "post",
-                "read",
-                "--qp",
-                &qa.to_string(),
-                "--key",
-                &a_l.to_string(),
                 "--offset",
                 &LEN.to_string(),
                 "--len",
                 &LEN.to_string(),
-                "--remote-addr",
-                &b_addr.to_string(),
-                "--rkey",
-                &b_r.to_string(),
                 "--timeout-ms",
                 "30000",
             ],
+            b_addr,
+            b_r,
         );
         assert_eq!(r["wc"]["status"], "success", "round {round}: {r}");
     }

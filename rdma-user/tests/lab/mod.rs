@@ -175,6 +175,44 @@ impl Lab {
         }
     }
 
+    /// `post write|read` on host 0's QP `qp` against the peer's memory at
+    /// `remote_addr`/`rkey`; `args` names the local side (`--data HEX`,
+    /// `--len N`, `--offset O`) and any extra flags.
+    pub fn post(
+        &self,
+        op: &str,
+        qp: impl std::fmt::Display,
+        lkey: u64,
+        args: &[&str],
+        remote_addr: u64,
+        rkey: u64,
+    ) -> Result<Value, String> {
+        let (qp, lkey, ra, rkey) = (
+            qp.to_string(),
+            lkey.to_string(),
+            remote_addr.to_string(),
+            rkey.to_string(),
+        );
+        let mut a = vec!["post", op, "--qp", &qp, "--key", &lkey];
+        a.extend_from_slice(args);
+        a.extend_from_slice(&["--remote-addr", &ra, "--rkey", &rkey]);
+        self.rdma(0, &a)
+    }
+
+    /// `post` that must succeed.
+    pub fn post_ok(
+        &self,
+        op: &str,
+        qp: impl std::fmt::Display,
+        lkey: u64,
+        args: &[&str],
+        remote_addr: u64,
+        rkey: u64,
+    ) -> Value {
+        self.post(op, qp, lkey, args, remote_addr, rkey)
+            .unwrap_or_else(|e| panic!("post {op} on host 0: {e}"))
+    }
+
     pub fn ok(&self, i: usize, args: &[&str]) -> Value {
         self.rdma(i, args)
             .unwrap_or_else(|e| panic!("rdma {} on host {i}: {e}", args.join(" ")))
