@@ -530,8 +530,6 @@ impl Core {
         }
     }
 
-    /// Builds the next frame of any QP (round-robin) into `buf`; returns
-    /// its length, or 0 when no QP has anything to send.
     /// The next frame of any QP, round robin, into `buf`: its length, 0 for
     /// nothing, or `xsk::NEEDS_LARGER` when only QPs whose frames do not
     /// fit `buf` may have something.

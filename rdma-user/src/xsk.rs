@@ -129,6 +129,17 @@ impl Drop for SharedMem {
     }
 }
 
+/// The first `len` bytes of the UMEM chunk at `addr`, for TX. Only for a
+/// chunk just taken off the free list (ours alone until its descriptor is
+/// queued); the mapping is not borrowed from Rust memory, hence `&SharedMem`.
+#[allow(clippy::mut_from_ref)]
+fn chunk_mut(mem: &SharedMem, addr: u64, len: usize) -> &mut [u8] {
+    assert!(addr as usize + len <= mem.len(), "chunk outside UMEM");
+    // SAFETY: inside the mapping (checked), and the chunk is free: nothing
+    // else, the kernel included, reads or writes it meanwhile.
+    unsafe { std::slice::from_raw_parts_mut(mem.as_ptr().add(addr as usize), len) }
+}
+
 pub struct Xsk {
     // Field order is drop order: rings and sockets before the UMEM and memory.
     rx: RingRx,
@@ -380,33 +391,21 @@ impl Xsk {
     /// frame length: 0 for nothing to send, [`NEEDS_LARGER`] for a frame
     /// that does not fit this buffer. `build` first gets one UMEM chunk to
     /// write into directly, so a frame that fits a chunk is copied once
-    /// (payload from the MR into the chunk); only when it asks for more
-    /// and the socket is multi-buffer does it get a `max_frame()` scratch
-    /// buffer, whose frame goes out as several chunks. Chunks for the largest frame are secured *before* `build`
-    /// runs, and descriptors that do not fit the TX ring wait in a local
-    /// backlog, so a frame the caller produced is never dropped here.
-    /// Returns false when nothing was sent (no chunks, or the backlog is
-    /// long: backpressure).
+    /// (payload from the MR into the chunk); only when it asks for more and
+    /// the socket is multi-buffer does it get a `max_frame()` scratch
+    /// buffer, whose frame goes out as several chunks. Chunks for the
+    /// largest frame are secured *before* `build` runs, and descriptors that
+    /// do not fit the TX ring wait in a local backlog, so a frame the caller
+    /// produced is never dropped here. Returns false when nothing was sent
+    /// (no chunks, or the backlog is long: backpressure).
     pub fn send_with(&mut self, mut build: impl FnMut(&mut [u8]) -> usize) -> bool {
         let fs = self.frame_size as usize;
         let max = self.max_frame();
-        let max_chunks = max.div_ceil(fs).min(MAX_FRAGS);
-        self.flush_backlog();
-        if self.tx_backlog.len() >= TX_BACKLOG_LIMIT {
+        if !self.tx_reserve(max.div_ceil(fs).min(MAX_FRAGS)) {
             return false;
         }
-        if self.tx_room() < max_chunks {
-            self.reap();
-            if self.tx_room() < max_chunks {
-                return false;
-            }
-        }
         let addr = self.free.pop().expect("room checked");
-        assert!(addr as usize + fs <= self.mem.len(), "chunk outside UMEM");
-        // SAFETY: a free chunk is ours alone, and inside the mapping.
-        let chunk =
-            unsafe { std::slice::from_raw_parts_mut(self.mem.as_ptr().add(addr as usize), fs) };
-        let len = build(chunk);
+        let len = build(chunk_mut(&self.mem, addr, fs));
         if len > 0 && len <= fs {
             self.tx_backlog.push_back(XdpDesc {
                 addr,
@@ -427,11 +426,8 @@ impl Xsk {
         for i in 0..nchunks {
             let addr = self.free.pop().expect("room checked");
             let piece = (len - i * fs).min(fs);
-            let off = addr as usize;
-            assert!(off + piece <= self.mem.len(), "chunk outside UMEM");
-            // SAFETY: a free chunk is ours alone, and inside the mapping.
-            let dst = unsafe { std::slice::from_raw_parts_mut(self.mem.as_ptr().add(off), piece) };
-            dst.copy_from_slice(&self.scratch[i * fs..i * fs + piece]);
+            chunk_mut(&self.mem, addr, piece)
+                .copy_from_slice(&self.scratch[i * fs..i * fs + piece]);
             self.tx_backlog.push_back(XdpDesc {
                 addr,
                 len: piece as u32,
@@ -439,6 +435,19 @@ impl Xsk {
             });
         }
         self.sent_one()
+    }
+
+    /// Room for a frame of `chunks` chunks: the backlog is not full, and
+    /// that many chunks are free (after reaping completions if needed).
+    fn tx_reserve(&mut self, chunks: usize) -> bool {
+        self.flush_backlog();
+        if self.tx_backlog.len() >= TX_BACKLOG_LIMIT {
+            return false;
+        }
+        if self.tx_room() < chunks {
+            self.reap();
+        }
+        self.tx_room() >= chunks
     }
 
     fn sent_one(&mut self) -> bool {
@@ -475,22 +484,11 @@ impl Xsk {
         if !self.multi_buffer || head.len() > fs as usize || tail.len() + 1 > MAX_FRAGS {
             return false;
         }
-        self.flush_backlog();
-        if self.tx_backlog.len() >= TX_BACKLOG_LIMIT {
+        if !self.tx_reserve(1) {
             return false;
         }
-        if self.tx_room() < 1 {
-            self.reap();
-            if self.tx_room() < 1 {
-                return false;
-            }
-        }
         let addr = self.free.pop().expect("room checked");
-        // SAFETY: a free chunk is ours alone, and inside the mapping.
-        let dst = unsafe {
-            std::slice::from_raw_parts_mut(self.mem.as_ptr().add(addr as usize), head.len())
-        };
-        dst.copy_from_slice(head);
+        chunk_mut(&self.mem, addr, head.len()).copy_from_slice(head);
         self.tx_backlog.push_back(XdpDesc {
             addr,
             len: head.len() as u32,
