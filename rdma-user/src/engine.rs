@@ -1245,14 +1245,16 @@ impl Qp {
         }
         self.normalize_cursor();
         let started = self.sq.get(self.cur)?.started;
-        if self.window != u32::MAX {
+        // With a limited window: how far this packet's PSN is past the oldest
+        // unacknowledged one (starting a WQE below changes neither).
+        let ahead = (self.window != u32::MAX).then(|| {
             let psn = if started { self.cur_psn } else { self.next_psn };
-            let ahead = psn_diff(psn, self.oldest_unacked_psn());
-            // The oldest packet may always go (a READ request spans many
-            // PSNs but is one packet).
-            if ahead > 0 && ahead as u32 >= self.window {
-                return None;
-            }
+            psn_diff(psn, self.oldest_unacked_psn())
+        });
+        // The oldest packet may always go (a READ request spans many PSNs
+        // but is one packet).
+        if ahead.is_some_and(|a| a > 0 && a as u32 >= self.window) {
+            return None;
         }
         if !started {
             // Copied once per WQE; the packets below read it in place.
@@ -1324,10 +1326,7 @@ impl Qp {
                 self.noack_pkts += 1;
                 // With a limited window the packet that fills it must ask
                 // for an ACK, or the window stays shut until a timeout.
-                let fills_window = self.window != u32::MAX && {
-                    let ahead = psn_diff(psn, self.oldest_unacked_psn());
-                    ahead >= 0 && ahead as u32 + 1 >= self.window
-                };
+                let fills_window = ahead.is_some_and(|a| a >= 0 && a as u32 + 1 >= self.window);
                 let ack_req = last || self.noack_pkts >= MAX_PKT_PER_ACK || fills_window;
                 if ack_req {
                     self.noack_pkts = 0;
