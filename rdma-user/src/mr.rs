@@ -202,7 +202,6 @@ pub struct MrTable {
     slots: Vec<Option<MemoryRegion>>,
     /// The last (lkey, rkey) of each slot, never handed out again for it.
     last_keys: Vec<(u32, u32)>,
-    count: usize,
     slot_bits: u32,
     max_mr: usize,
     rng: crate::rng::Rng,
@@ -242,7 +241,6 @@ impl MrTable {
         MrTable {
             slots: Vec::new(),
             last_keys: Vec::new(),
-            count: 0,
             slot_bits: (max_mr.max(2) - 1).ilog2() + 1,
             max_mr,
             rng: crate::rng::Rng(seed ^ 0x9e37_79b9_7f4a_7c15),
@@ -274,7 +272,7 @@ impl MrTable {
         if backing.len() == 0 {
             return Err(RegError::ZeroLength);
         }
-        if self.count >= self.max_mr {
+        if self.len() >= self.max_mr {
             return Err(RegError::TooMany { max: self.max_mr });
         }
         let slot = match self.slots.iter().position(Option::is_none) {
@@ -289,7 +287,6 @@ impl MrTable {
         let lkey = self.next_key(slot, [old_l, old_r, 0]);
         let rkey = self.next_key(slot, [old_l, old_r, lkey]);
         self.last_keys[slot] = (lkey, rkey);
-        self.count += 1;
         self.slots[slot] = Some(MemoryRegion {
             pd,
             addr,
@@ -319,20 +316,15 @@ impl MrTable {
 
     /// Removes a region by its lkey; returns its backing so the owner can free it.
     pub fn deregister(&mut self, lkey: u32) -> Option<Backing> {
-        let slot = self.slot_of(lkey);
-        if self.slots.get(slot)?.as_ref()?.lkey != lkey {
-            return None;
-        }
-        let mr = self.slots[slot].take()?;
-        self.count -= 1;
-        Some(mr.backing)
+        let slot = self.slot_by_lkey(lkey)?;
+        Some(self.slots[slot].take()?.backing)
     }
 
     pub fn len(&self) -> usize {
-        self.count
+        self.slots.iter().flatten().count()
     }
     pub fn is_empty(&self) -> bool {
-        self.count == 0
+        self.slots.iter().all(Option::is_none)
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &MemoryRegion> {
