@@ -10,7 +10,7 @@
 //! [`crate::standalone::Device`] directly instead.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 
 use anyhow::{anyhow, Context as _, Result};
@@ -46,33 +46,31 @@ pub struct Context {
 }
 
 struct Inner {
-    jobs: Mutex<mpsc::Sender<Job>>,
+    jobs: mpsc::Sender<Job>,
     stop: Arc<AtomicBool>,
-    thread: Mutex<Option<JoinHandle<DataPath>>>,
-    attachment: Mutex<Option<Attachment>>,
+    thread: Option<JoinHandle<DataPath>>,
+    /// Dropped after the thread stops: detaches XDP, releases the interface.
+    attachment: Option<Attachment>,
     iface: String,
     mac: [u8; 6],
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        // No handle is left to post or poll: stop the data path, then
+        // detach (field order would drop the attachment first).
         self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.lock().ok().and_then(|mut t| t.take()) {
-            if let Ok(mut dp) = t.join() {
-                // Outstanding work requests complete with WR_FLUSH_ERR.
-                for qpn in dp.core.qpns() {
-                    let err = QpAttr {
-                        qp_state: Some(QpState::Err),
-                        ..Default::default()
-                    };
-                    let _ = dp.core.modify_qp(qpn, &err);
-                }
-            }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
         }
-        // Detaches XDP and releases the interface.
-        drop(self.attachment.lock().ok().and_then(|mut a| a.take()));
+        drop(self.attachment.take());
     }
 }
+
+const _: () = {
+    const fn shareable<T: Send + Sync>() {}
+    shareable::<Context>();
+};
 
 impl Context {
     /// Opens `iface`: attaches the XDP program, opens an AF_XDP socket per
@@ -93,10 +91,10 @@ impl Context {
         };
         Ok(Context {
             inner: Arc::new(Inner {
-                jobs: Mutex::new(jtx),
+                jobs: jtx,
                 stop,
-                thread: Mutex::new(Some(thread)),
-                attachment: Mutex::new(Some(attachment)),
+                thread: Some(thread),
+                attachment: Some(attachment),
                 iface: iface.to_string(),
                 mac,
             }),
@@ -122,8 +120,6 @@ impl Context {
         });
         self.inner
             .jobs
-            .lock()
-            .map_err(|_| anyhow!("data path has stopped"))?
             .send(job)
             .map_err(|_| anyhow!("data path has stopped"))?;
         rx.recv().map_err(|_| anyhow!("data path has stopped"))?
