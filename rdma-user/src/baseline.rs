@@ -517,14 +517,18 @@ fn pump(
     let mut n = 0;
     while let Some(tl) = src.poll_transmit(now, smem, &mut frame[hl..]) {
         match snet {
+            // Parsed results are used in place: moving a repr out of its
+            // Result is a copy per packet the data path does not make.
             Some(net) => {
                 let len = net.emit_net_and_icrc(frame, tl + ICRC_LEN)?;
-                let (r, l) = RoceRepr::parse(&frame[..len])?;
-                dst.handle_packet(now, &r.transport, &frame[l.payload], dmem);
+                let parsed = RoceRepr::parse(&frame[..len]);
+                let (r, l) = parsed.as_ref().map_err(|e| *e)?;
+                dst.handle_packet(now, &r.transport, &frame[l.payload.clone()], dmem);
             }
             None => {
-                let (t, payload) = TransportRepr::parse(&frame[..tl + ICRC_LEN])?;
-                dst.handle_packet(now, &t, &frame[payload], dmem);
+                let parsed = TransportRepr::parse(&frame[..tl + ICRC_LEN]);
+                let (t, payload) = parsed.as_ref().map_err(|e| *e)?;
+                dst.handle_packet(now, t, &frame[payload.clone()], dmem);
             }
         }
         n += 1;

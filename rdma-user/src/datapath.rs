@@ -473,9 +473,11 @@ impl Core {
     /// peer, hand it to the engine.
     pub fn handle_frame(&mut self, now: Nanos, frame: &[u8]) {
         self.stats.rx_frames += 1;
-        let (repr, layout) = match RoceRepr::parse(frame) {
+        // Used in place: moving the repr out of its Result copies it.
+        let parsed = RoceRepr::parse(frame);
+        let (repr, layout) = match &parsed {
             Ok(x) => x,
-            Err(e) => return self.stats.count(e),
+            Err(e) => return self.stats.count(*e),
         };
         let qpn = repr.transport.bth.dest_qpn;
         let Some(slot) = self.qps.get_mut(&qpn) else {
@@ -488,8 +490,12 @@ impl Core {
                 return;
             }
         }
-        slot.qp
-            .handle_packet(now, &repr.transport, &frame[layout.payload], &mut self.mem);
+        slot.qp.handle_packet(
+            now,
+            &repr.transport,
+            &frame[layout.payload.clone()],
+            &mut self.mem,
+        );
         Self::drain_wcs(slot, &mut self.cqs, &mut self.stats);
     }
 

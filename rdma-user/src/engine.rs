@@ -393,6 +393,25 @@ impl SendWqe {
     }
 }
 
+/// Queues the WC of a finished send WQE (only signaled ones succeed
+/// visibly; errors and `force` always complete).
+fn send_wc(cq: &mut VecDeque<Wc>, qpn: u32, w: &SendWqe, status: WcStatus, force: bool) {
+    if w.flags.signaled || status != WcStatus::Success || force {
+        cq.push_back(Wc {
+            wr_id: w.wr_id,
+            status,
+            opcode: w.opcode.wc_opcode(),
+            byte_len: if status == WcStatus::Success {
+                w.length
+            } else {
+                0
+            },
+            imm: None,
+            qp_num: qpn,
+        });
+    }
+}
+
 #[derive(Clone, Copy)]
 struct RecvWqe {
     wr_id: u64,
@@ -585,6 +604,13 @@ impl Qp {
             completions: VecDeque::with_capacity(cap_send + cap_recv),
             stats: QpStats::default(),
         }
+    }
+
+    /// Packets a message of `len` bytes takes (at least one). The MTU is a
+    /// power of two: a shift, not a division, per message.
+    fn packets_for(&self, len: u32) -> u32 {
+        let shift = self.mtu.trailing_zeros();
+        (((len as u64 + self.mtu as u64 - 1) >> shift) as u32).max(1)
     }
 
     pub fn qpn(&self) -> u32 {
@@ -887,16 +913,50 @@ impl Qp {
         if wr.sg_list.len() > MAX_SGE {
             return Err(PostError::TooManySge);
         }
-        let mut w = SendWqe {
+        let inline = match wr.inline {
+            Some(data) if !wr.opcode.is_rd_atomic() => {
+                if data.len() > MAX_INLINE {
+                    return Err(PostError::InlineTooLong);
+                }
+                Some(data)
+            }
+            _ => None,
+        };
+        let length = match inline {
+            Some(data) => data.len() as u32,
+            None => {
+                let total: u64 = wr.sg_list.iter().map(|s| s.length as u64).sum();
+                total.min(u32::MAX as u64) as u32
+            }
+        };
+        if wr.opcode.is_atomic() && (length != 8 || wr.sg_list.len() != 1) {
+            return Err(PostError::BadAtomicLength);
+        }
+        // WQEs retire in order and at most cap_send are queued, so an inline
+        // slot is free again by the time the counter wraps to it.
+        let slot = (self.post_seq % self.cap_send as u64) as usize;
+        if let Some(data) = inline {
+            self.inline_bufs[slot][..data.len()].copy_from_slice(data);
+        }
+        self.post_seq += 1;
+        let mut sges = [Sge::default(); MAX_SGE];
+        if inline.is_none() {
+            sges[..wr.sg_list.len()].copy_from_slice(wr.sg_list);
+        }
+        let w = SendWqe {
             wr_id: wr.wr_id,
             opcode: wr.opcode,
             flags: wr.flags,
-            sges: [Sge::default(); MAX_SGE],
-            num_sge: wr.sg_list.len() as u8,
-            inline_len: 0,
-            inline_slot: 0,
-            is_inline: false,
-            length: 0,
+            sges,
+            num_sge: if inline.is_some() {
+                0
+            } else {
+                wr.sg_list.len() as u8
+            },
+            inline_len: inline.map_or(0, |d| d.len() as u16),
+            inline_slot: slot as u32,
+            is_inline: inline.is_some(),
+            length,
             imm: wr.imm,
             remote_addr: wr.remote_addr,
             rkey: wr.rkey,
@@ -909,31 +969,6 @@ impl Qp {
             done: false,
             status: WcStatus::Success,
         };
-        w.sges[..wr.sg_list.len()].copy_from_slice(wr.sg_list);
-        match wr.inline {
-            Some(data) if !wr.opcode.is_rd_atomic() => {
-                if data.len() > MAX_INLINE {
-                    return Err(PostError::InlineTooLong);
-                }
-                // WQEs retire in order and at most cap_send are queued, so
-                // a slot is free again by the time the counter wraps to it.
-                let slot = (self.post_seq % self.cap_send as u64) as usize;
-                self.inline_bufs[slot][..data.len()].copy_from_slice(data);
-                w.inline_slot = slot as u32;
-                w.inline_len = data.len() as u16;
-                w.is_inline = true;
-                w.num_sge = 0;
-                w.length = data.len() as u32;
-            }
-            _ => {
-                let total: u64 = wr.sg_list.iter().map(|s| s.length as u64).sum();
-                w.length = total.min(u32::MAX as u64) as u32;
-            }
-        }
-        if wr.opcode.is_atomic() && (w.length != 8 || w.num_sge != 1) {
-            return Err(PostError::BadAtomicLength);
-        }
-        self.post_seq += 1;
         if self.state == QpState::Err {
             self.push_send_wc(&w, WcStatus::WrFlushErr, true);
             return Ok(());
@@ -983,20 +1018,7 @@ impl Qp {
     }
 
     fn push_send_wc(&mut self, w: &SendWqe, status: WcStatus, force: bool) {
-        if w.flags.signaled || status != WcStatus::Success || force {
-            self.completions.push_back(Wc {
-                wr_id: w.wr_id,
-                status,
-                opcode: w.opcode.wc_opcode(),
-                byte_len: if status == WcStatus::Success {
-                    w.length
-                } else {
-                    0
-                },
-                imm: None,
-                qp_num: self.qpn,
-            });
-        }
+        send_wc(&mut self.completions, self.qpn, w, status, force);
     }
 
     // ------------------------------------------------------------ timers
@@ -1257,12 +1279,14 @@ impl Qp {
             return None;
         }
         if !started {
-            // Copied once per WQE; the packets below read it in place.
-            let mut w = self.sq[self.cur];
+            // The WQE is updated in place: it is as large as a cache line
+            // pair, and copying it twice per packet showed in profiles.
             if self.state == QpState::Sqd {
                 return None;
             }
-            if w.opcode.is_rd_atomic() && self.rd_atomic_inflight >= self.max_rd_atomic.max(1) {
+            let w = &self.sq[self.cur];
+            let rd_atomic = w.opcode.is_rd_atomic();
+            if rd_atomic && self.rd_atomic_inflight >= self.max_rd_atomic.max(1) {
                 return None;
             }
             if w.flags.fence && self.rd_atomic_inflight > 0 {
@@ -1270,27 +1294,28 @@ impl Qp {
             }
             // Local gather list check before anything is sent: a bad lkey is
             // a local protection error, fatal to the QP as in IBA 10.8.3.
-            if !w.is_inline && self.check_local(&w, mem).is_err() {
-                self.sq[self.cur].started = true;
-                self.sq[self.cur].first_psn = self.next_psn;
-                self.sq[self.cur].npkts = 1;
-                self.sq[self.cur].done = true;
-                self.sq[self.cur].status = WcStatus::LocProtErr;
+            let local_ok = w.is_inline || self.check_local(w, mem).is_ok();
+            let npkts = match w.opcode {
+                _ if !local_ok => 1,
+                WrOpcode::CmpSwap | WrOpcode::FetchAdd => 1,
+                _ => self.packets_for(w.length),
+            };
+            let first_psn = self.next_psn;
+            let w = &mut self.sq[self.cur];
+            w.started = true;
+            w.first_psn = first_psn;
+            w.npkts = npkts;
+            if !local_ok {
+                w.done = true;
+                w.status = WcStatus::LocProtErr;
                 self.complete_done();
                 return None;
             }
-            w.started = true;
-            w.first_psn = self.next_psn;
-            w.npkts = match w.opcode {
-                WrOpcode::CmpSwap | WrOpcode::FetchAdd => 1,
-                _ => w.length.div_ceil(self.mtu).max(1),
-            };
-            self.next_psn = psn_add(self.next_psn, w.npkts);
-            self.cur_psn = w.first_psn;
-            if w.opcode.is_rd_atomic() {
+            self.next_psn = psn_add(first_psn, npkts);
+            self.cur_psn = first_psn;
+            if rd_atomic {
                 self.rd_atomic_inflight += 1;
             }
-            self.sq[self.cur] = w;
         }
         let w = &self.sq[self.cur];
         let psn = self.cur_psn;
@@ -1784,7 +1809,7 @@ impl Qp {
                     return self.responder_fatal(psn, syndrome::NAK_REMOTE_ACCESS, None);
                 }
             }
-            let npkts = reth.dma_len.div_ceil(self.mtu).max(1);
+            let npkts = self.packets_for(reth.dma_len);
             self.save_res(RdAtomicRes {
                 valid: true,
                 atomic: false,
@@ -1924,7 +1949,7 @@ impl Qp {
         };
         // A duplicate READ is executed again, possibly for the tail of the
         // original: it must end where the original ended.
-        let npkts = reth.dma_len.div_ceil(self.mtu).max(1);
+        let npkts = self.packets_for(reth.dma_len);
         let ends = psn_add(psn, npkts) == psn_add(res.first_psn, res.npkts);
         let allowed = self.access.contains(Access::REMOTE_READ)
             && (reth.dma_len == 0
@@ -2222,10 +2247,10 @@ impl Qp {
             if !w.done {
                 break;
             }
-            let w = self.sq.pop_front().expect("front exists");
-            self.cur = self.cur.saturating_sub(1);
             let status = w.status;
-            self.push_send_wc(&w, status, false);
+            send_wc(&mut self.completions, self.qpn, w, status, false);
+            self.sq.pop_front();
+            self.cur = self.cur.saturating_sub(1);
             if status != WcStatus::Success {
                 self.enter_error();
                 return;

@@ -167,6 +167,7 @@ pub struct EthernetRepr {
 impl EthernetRepr {
     /// Parses the Ethernet header (and one 802.1Q/802.1ad tag); returns the
     /// header length.
+    #[inline]
     pub fn parse(buf: &[u8]) -> Result<(Self, usize)> {
         let eth = EthHdr::view(buf)?;
         let mut repr = EthernetRepr {
@@ -285,6 +286,7 @@ impl IpRepr {
     /// Parses the IP header at the start of `buf` (which must start after the
     /// Ethernet header). Returns the header and the range of the IP payload
     /// (bounded by the IP length fields, not by the buffer).
+    #[inline]
     pub fn parse(ethertype: u16, buf: &[u8]) -> Result<(Self, Range<usize>)> {
         match ethertype {
             ETH_P_IPV4 => {
@@ -448,6 +450,7 @@ pub struct UdpRepr {
 
 impl UdpRepr {
     /// Parses the UDP header; returns the range of the UDP payload within `buf`.
+    #[inline]
     pub fn parse(buf: &[u8]) -> Result<(Self, Range<usize>)> {
         let h = UdpHdr::view(buf)?;
         let len = h.len() as usize;
@@ -638,6 +641,37 @@ pub struct AethRepr {
     pub msn: u32,
 }
 
+/// The extension header `present` at `*off` if `flags` has it (advancing
+/// `*off` past it).
+#[inline(always)]
+fn ext_header<'a>(
+    buf: &'a [u8],
+    flags: u32,
+    present: u32,
+    len: usize,
+    off: &mut usize,
+) -> Option<&'a [u8]> {
+    let at = *off;
+    if flags & present == 0 {
+        return None;
+    }
+    *off += len;
+    Some(&buf[at..])
+}
+
+/// Per opcode: its [`op`] flags and the length of its extension headers,
+/// looked up once per packet instead of decoded.
+static OPCODES: [(u32, u8); 256] = {
+    let mut t = [(0u32, 0u8); 256];
+    let mut i = 0;
+    while i < 256 {
+        let f = opcode_flags(i as u8);
+        t[i] = (f, ext_headers_len(f) as u8);
+        i += 1;
+    }
+    t
+};
+
 /// BTH plus the extension headers its opcode selects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct TransportRepr {
@@ -658,79 +692,86 @@ impl TransportRepr {
     /// pad count and that payload-less opcodes carry none; does not check the
     /// ICRC (that needs the IP header, see [`RoceRepr::parse`]). Returns the
     /// range of the payload within `buf`.
+    #[inline(always)]
     pub fn parse(buf: &[u8]) -> Result<(Self, Range<usize>)> {
-        let bth = Bth::view(buf)?;
-        let bth = BthRepr::parse(bth);
+        let bth = BthRepr::parse(Bth::view(buf)?);
         if bth.tver != 0 {
             return Err(WireError::BadTver);
         }
-        let flags = opcode_flags(bth.opcode);
+        let (flags, ext_len) = OPCODES[bth.opcode as usize];
         if flags == 0 {
             return Err(WireError::UnknownOpcode);
         }
-        let hdr_len = Bth::LEN + ext_headers_len(flags);
+        let hdr_len = Bth::LEN + ext_len as usize;
         if buf.len() < hdr_len + ICRC_LEN {
             return Err(WireError::Truncated);
         }
-        let mut t = TransportRepr {
-            bth,
-            ..Default::default()
-        };
+        // Wire order: RETH | AtomicETH | DETH, then AETH, AtomicAckETH,
+        // ImmDt | IETH. Each field is parsed into a local and the repr built
+        // in one expression at the end, so it is written straight into the
+        // caller's slot instead of being copied there.
         let mut off = Bth::LEN;
-        // Wire order: RETH | AtomicETH | DETH, then AETH, AtomicAckETH, ImmDt | IETH.
-        if flags & op::RETH != 0 {
-            let h = Reth::view(&buf[off..])?;
-            t.reth = Some(RethRepr {
-                va: h.va(),
-                rkey: h.rkey(),
-                dma_len: h.dma_len(),
-            });
-            off += Reth::LEN;
-        }
-        if flags & op::ATOMIC_ETH != 0 {
-            let h = AtomicEth::view(&buf[off..])?;
-            t.atomic_eth = Some(AtomicEthRepr {
-                va: h.va(),
-                rkey: h.rkey(),
-                swap_add: h.swap_add(),
-                compare: h.compare(),
-            });
-            off += AtomicEth::LEN;
-        }
-        if flags & op::DETH != 0 {
-            let h = Deth::view(&buf[off..])?;
-            t.deth = Some(DethRepr {
-                qkey: h.qkey(),
-                src_qpn: h.src_qpn(),
-            });
-            off += Deth::LEN;
-        }
-        if flags & op::AETH != 0 {
-            let h = Aeth::view(&buf[off..])?;
-            t.aeth = Some(AethRepr {
-                syndrome: h.syndrome,
-                msn: h.msn(),
-            });
-            off += Aeth::LEN;
-        }
-        if flags & op::ATOMIC_ACK_ETH != 0 {
-            t.atomic_ack = Some(AtomicAckEth::view(&buf[off..])?.orig());
-            off += AtomicAckEth::LEN;
-        }
-        if flags & op::IMM != 0 {
-            t.imm = Some(ImmDt::view(&buf[off..])?.imm());
-            off += ImmDt::LEN;
-        }
-        if flags & op::IETH != 0 {
-            t.ieth = Some(Ieth::view(&buf[off..])?.rkey());
-            off += Ieth::LEN;
-        }
-        if flags & op::CNP_RESERVED != 0 {
+        let mut next = |present: u32, len: usize| ext_header(buf, flags, present, len, &mut off);
+        let reth = match next(op::RETH, Reth::LEN) {
+            Some(b) => {
+                let h = Reth::view(b)?;
+                Some(RethRepr {
+                    va: h.va(),
+                    rkey: h.rkey(),
+                    dma_len: h.dma_len(),
+                })
+            }
+            None => None,
+        };
+        let atomic_eth = match next(op::ATOMIC_ETH, AtomicEth::LEN) {
+            Some(b) => {
+                let h = AtomicEth::view(b)?;
+                Some(AtomicEthRepr {
+                    va: h.va(),
+                    rkey: h.rkey(),
+                    swap_add: h.swap_add(),
+                    compare: h.compare(),
+                })
+            }
+            None => None,
+        };
+        let deth = match next(op::DETH, Deth::LEN) {
+            Some(b) => {
+                let h = Deth::view(b)?;
+                Some(DethRepr {
+                    qkey: h.qkey(),
+                    src_qpn: h.src_qpn(),
+                })
+            }
+            None => None,
+        };
+        let aeth = match next(op::AETH, Aeth::LEN) {
+            Some(b) => {
+                let h = Aeth::view(b)?;
+                Some(AethRepr {
+                    syndrome: h.syndrome,
+                    msn: h.msn(),
+                })
+            }
+            None => None,
+        };
+        let atomic_ack = match next(op::ATOMIC_ACK_ETH, AtomicAckEth::LEN) {
+            Some(b) => Some(AtomicAckEth::view(b)?.orig()),
+            None => None,
+        };
+        let imm = match next(op::IMM, ImmDt::LEN) {
+            Some(b) => Some(ImmDt::view(b)?.imm()),
+            None => None,
+        };
+        let ieth = match next(op::IETH, Ieth::LEN) {
+            Some(b) => Some(Ieth::view(b)?.rkey()),
+            None => None,
+        };
+        let cnp_reserved = next(op::CNP_RESERVED, CNP_RESERVED_LEN).map(|b| {
             let mut r = [0u8; CNP_RESERVED_LEN];
-            r.copy_from_slice(&buf[off..off + CNP_RESERVED_LEN]);
-            t.cnp_reserved = Some(r);
-            off += CNP_RESERVED_LEN;
-        }
+            r.copy_from_slice(&b[..CNP_RESERVED_LEN]);
+            r
+        });
         debug_assert_eq!(off, hdr_len);
         let padded = buf.len() - hdr_len - ICRC_LEN;
         let pad = bth.pad_count as usize;
@@ -740,22 +781,35 @@ impl TransportRepr {
         if flags & op::PAYLOAD == 0 && padded != 0 {
             return Err(WireError::BadPadCount);
         }
-        Ok((t, hdr_len..hdr_len + padded - pad))
+        Ok((
+            TransportRepr {
+                bth,
+                reth,
+                atomic_eth,
+                deth,
+                aeth,
+                atomic_ack,
+                imm,
+                ieth,
+                cnp_reserved,
+            },
+            hdr_len..hdr_len + padded - pad,
+        ))
     }
 
     pub fn flags(&self) -> u32 {
-        opcode_flags(self.bth.opcode)
+        OPCODES[self.bth.opcode as usize].0
     }
 
     pub fn header_len(&self) -> usize {
-        Bth::LEN + ext_headers_len(self.flags())
+        Bth::LEN + OPCODES[self.bth.opcode as usize].1 as usize
     }
 
     /// Writes the BTH and extension headers; the BTH pad count is taken from
     /// `payload_len`. Returns the header length.
     pub fn emit(&self, buf: &mut [u8], payload_len: usize) -> Result<usize> {
-        let flags = self.flags();
-        let hl = Bth::LEN + ext_headers_len(flags);
+        let (flags, ext_len) = OPCODES[self.bth.opcode as usize];
+        let hl = Bth::LEN + ext_len as usize;
         if buf.len() < hl {
             return Err(WireError::Truncated);
         }
@@ -829,52 +883,63 @@ pub fn pad_for(len: usize) -> usize {
 /// class, flow label and hop limit; the UDP checksum; BTH byte 4 (resv8a).
 /// 64 bits of ones stand in for the absent LRH.
 pub fn icrc(l3: &[u8]) -> Result<u32> {
-    // The masked part (ones, IP, UDP, BTH) is assembled once and hashed in
-    // one call: crc32fast is fast on long inputs and slow on many short ones.
-    let mut pre = [0u8; 8 + 60 + UdpHdr::LEN + Bth::LEN];
-    pre[..8].fill(0xff);
+    // crc32fast folds with PCLMULQDQ only from 128 bytes on and runs a
+    // table loop below that; a small packet's masked copy is therefore
+    // hashed whole in one call (a 64 B WRITE is exactly 128 bytes) rather
+    // than as masked part plus rest.
+    const SMALL: usize = 256;
+    let mut buf = [0u8; SMALL];
+    if 8 + l3.len() <= SMALL {
+        let n = mask_invariant(l3, &mut buf)?;
+        buf[n..8 + l3.len()].copy_from_slice(&l3[n - 8..]);
+        return Ok(crc32fast::hash(&buf[..8 + l3.len()]));
+    }
+    let n = mask_invariant(l3, &mut buf)?;
+    let mut h = crc32fast::Hasher::new();
+    h.update(&buf[..n]);
+    h.update(&l3[n - 8..]);
+    Ok(h.finalize())
+}
+
+/// Writes the ICRC's masked view of the headers up to the end of the BTH
+/// into `out`: 64 bits of ones, then IP, UDP and BTH with the variant
+/// fields set to ones. Returns the length written.
+fn mask_invariant(l3: &[u8], out: &mut [u8]) -> Result<usize> {
+    out[..8].fill(0xff);
     let ihl = match l3.first().map(|b| b >> 4) {
         Some(4) => {
             let ihl = ((l3[0] & 0xf) as usize) * 4;
             if ihl < Ipv4Hdr::LEN || l3.len() < ihl {
                 return Err(WireError::Truncated);
             }
-            let h = &mut pre[8..8 + ihl];
-            h.copy_from_slice(&l3[..ihl]);
-            h[1] = 0xff;
-            h[8] = 0xff;
-            h[10] = 0xff;
-            h[11] = 0xff;
             ihl
         }
-        Some(6) => {
-            if l3.len() < Ipv6Hdr::LEN {
-                return Err(WireError::Truncated);
-            }
-            let h = &mut pre[8..8 + Ipv6Hdr::LEN];
-            h.copy_from_slice(&l3[..Ipv6Hdr::LEN]);
-            h[0] |= 0x0f;
-            h[1] = 0xff;
-            h[2] = 0xff;
-            h[3] = 0xff;
-            h[7] = 0xff;
-            Ipv6Hdr::LEN
-        }
+        Some(6) => Ipv6Hdr::LEN,
         _ => return Err(WireError::BadIpHeader),
     };
     let n = ihl + UdpHdr::LEN + Bth::LEN;
     if l3.len() < n {
         return Err(WireError::Truncated);
     }
-    let t = &mut pre[8 + ihl..8 + n];
-    t.copy_from_slice(&l3[ihl..n]);
+    let h = &mut out[8..8 + n];
+    h.copy_from_slice(&l3[..n]);
+    if l3[0] >> 4 == 6 {
+        h[0] |= 0x0f; // traffic class
+        h[1] = 0xff; // and flow label
+        h[2] = 0xff;
+        h[3] = 0xff;
+        h[7] = 0xff; // hop limit
+    } else {
+        h[1] = 0xff; // TOS
+        h[8] = 0xff; // TTL
+        h[10] = 0xff; // header checksum
+        h[11] = 0xff;
+    }
+    let t = &mut h[ihl..];
     t[6] = 0xff; // UDP checksum
     t[7] = 0xff;
     t[UdpHdr::LEN + 4] = 0xff; // BTH resv8a
-    let mut h = crc32fast::Hasher::new();
-    h.update(&pre[..8 + n]);
-    h.update(&l3[n..]);
-    Ok(h.finalize())
+    Ok(8 + n)
 }
 
 // ---------------------------------------------------------------- Frames
@@ -905,6 +970,7 @@ pub struct FrameLayout {
 
 impl RoceRepr {
     /// Parses and fully validates a frame, ICRC included.
+    #[inline]
     pub fn parse(frame: &[u8]) -> Result<(Self, FrameLayout)> {
         let (repr, layout) = Self::parse_unchecked_icrc(frame)?;
         let computed = icrc(&frame[layout.l3..layout.end - ICRC_LEN])?;
@@ -916,6 +982,7 @@ impl RoceRepr {
 
     /// Parses and validates everything but the ICRC (for tools that want to
     /// show a packet whose ICRC is wrong).
+    #[inline]
     pub fn parse_unchecked_icrc(frame: &[u8]) -> Result<(Self, FrameLayout)> {
         let (eth, l3) = EthernetRepr::parse(frame)?;
         let (ip, ip_payload) = IpRepr::parse(eth.ethertype, &frame[l3..])?;
