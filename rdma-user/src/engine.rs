@@ -23,8 +23,8 @@ use std::fmt;
 
 use crate::mr::{Access, AccessError, AtomicOp, MrTable};
 use crate::wire::{
-    op, opcode, opcode_flags, pad_for, psn_add, psn_diff, syndrome, AethRepr, AtomicEthRepr,
-    BthRepr, NakCode, RethRepr, Syndrome, TransportRepr, MASK_24,
+    flags_of, op, opcode, pad_for, psn_add, psn_diff, syndrome, AethRepr, AtomicEthRepr, BthRepr,
+    NakCode, RethRepr, Syndrome, TransportRepr, MASK_24,
 };
 
 /// Time in nanoseconds on the driver's monotonic clock.
@@ -1165,18 +1165,13 @@ impl Qp {
             let msn = self.msn;
             let (t, payload, psn, finished) = match *r {
                 Resp::Nak { psn, syndrome } => {
-                    let mut t = TransportRepr {
-                        bth: self.bth(opcode::RC_ACKNOWLEDGE, psn, false),
-                        ..Default::default()
-                    };
+                    let mut t = TransportRepr::new(self.bth(opcode::RC_ACKNOWLEDGE, psn, false));
                     t.aeth = Some(AethRepr { syndrome, msn });
                     (t, None, psn, true)
                 }
                 Resp::AtomicAck { psn, orig, .. } => {
-                    let mut t = TransportRepr {
-                        bth: self.bth(opcode::RC_ATOMIC_ACKNOWLEDGE, psn, false),
-                        ..Default::default()
-                    };
+                    let mut t =
+                        TransportRepr::new(self.bth(opcode::RC_ATOMIC_ACKNOWLEDGE, psn, false));
                     t.aeth = Some(AethRepr {
                         syndrome: syndrome::ACK_UNLIMITED,
                         msn,
@@ -1207,11 +1202,8 @@ impl Qp {
                     *va = va.wrapping_add(len as u64);
                     *remaining -= len;
                     *first = false;
-                    let mut t = TransportRepr {
-                        bth: self.bth(opc, this_psn, false),
-                        ..Default::default()
-                    };
-                    if opcode_flags(opc) & op::AETH != 0 {
+                    let mut t = TransportRepr::new(self.bth(opc, this_psn, false));
+                    if flags_of(opc) & op::AETH != 0 {
                         t.aeth = Some(AethRepr {
                             syndrome: syndrome::ACK_UNLIMITED,
                             msn,
@@ -1247,10 +1239,7 @@ impl Qp {
         }
         let psn = self.pending_ack.take()?;
         self.stats.acks_sent += 1;
-        let mut t = TransportRepr {
-            bth: self.bth(opcode::RC_ACKNOWLEDGE, psn, false),
-            ..Default::default()
-        };
+        let mut t = TransportRepr::new(self.bth(opcode::RC_ACKNOWLEDGE, psn, false));
         t.aeth = Some(AethRepr {
             syndrome: syndrome::ACK_UNLIMITED,
             msn: self.msn,
@@ -1322,7 +1311,7 @@ impl Qp {
         let k = psn_diff(psn, w.first_psn) as u32;
         let off = k * self.mtu;
         let last = k + 1 == w.npkts;
-        let mut t = TransportRepr::default();
+        let mut t = TransportRepr::new(BthRepr::default());
         let mut plen = 0usize;
         let mut advance_wqe = last;
         match w.opcode {
@@ -1358,14 +1347,14 @@ impl Qp {
                 }
                 t.bth = self.bth(opc, psn, ack_req);
                 t.bth.solicited = last && w.flags.solicited && send;
-                if opcode_flags(opc) & op::RETH != 0 {
+                if flags_of(opc) & op::RETH != 0 {
                     t.reth = Some(RethRepr {
                         va: w.remote_addr,
                         rkey: w.rkey,
                         dma_len: w.length,
                     });
                 }
-                if opcode_flags(opc) & op::IMM != 0 {
+                if flags_of(opc) & op::IMM != 0 {
                     t.imm = Some(w.imm);
                 }
             }
@@ -1551,7 +1540,7 @@ impl Qp {
         mem: &mut MrTable,
     ) {
         self.stats.rx_packets += 1;
-        let flags = opcode_flags(t.bth.opcode);
+        let flags = t.flags();
         // RC only: UC/UD/CNP opcodes never reach an RC QP's state machine.
         if t.bth.opcode >> 5 != 0 {
             self.stats.dropped += 1;
