@@ -180,7 +180,7 @@ fn run(a: &mut Side, b: &mut Side, ops: u64, frame: &mut [u8], r: &mut Run) {
                     break;
                 }
                 r.frames += 1;
-                if r.frames % 97 == 0 {
+                if r.frames.is_multiple_of(97) {
                     r.dropped += 1;
                     continue;
                 }
