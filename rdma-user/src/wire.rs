@@ -1007,12 +1007,15 @@ impl RoceRepr {
     /// Parses and fully validates a frame, ICRC included.
     #[inline]
     pub fn parse(frame: &[u8]) -> Result<(Self, FrameLayout)> {
-        let (repr, layout) = Self::parse_unchecked_icrc(frame)?;
-        let computed = icrc(&frame[layout.l3..layout.end - ICRC_LEN])?;
-        if computed != layout.icrc {
-            return Err(WireError::BadIcrc);
+        // Checked through a reference and returned as is: unwrapping and
+        // rewrapping would copy the whole repr per packet.
+        let parsed = Self::parse_unchecked_icrc(frame);
+        if let Ok((_, layout)) = &parsed {
+            if icrc(&frame[layout.l3..layout.end - ICRC_LEN])? != layout.icrc {
+                return Err(WireError::BadIcrc);
+            }
         }
-        Ok((repr, layout))
+        parsed
     }
 
     /// Parses and validates everything but the ICRC (for tools that want to
