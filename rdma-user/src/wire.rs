@@ -740,61 +740,50 @@ impl TransportRepr {
         // caller's slot instead of being copied there.
         let mut off = Bth::LEN;
         let mut next = |present: u32, len: usize| ext_header(buf, flags, present, len, &mut off);
-        let reth = match next(op::RETH, Reth::LEN) {
-            Some(b) => {
-                let h = Reth::view(b)?;
-                Some(RethRepr {
+        let reth = next(op::RETH, Reth::LEN)
+            .map(|b| {
+                Reth::view(b).map(|h| RethRepr {
                     va: h.va(),
                     rkey: h.rkey(),
                     dma_len: h.dma_len(),
                 })
-            }
-            None => None,
-        };
-        let atomic_eth = match next(op::ATOMIC_ETH, AtomicEth::LEN) {
-            Some(b) => {
-                let h = AtomicEth::view(b)?;
-                Some(AtomicEthRepr {
+            })
+            .transpose()?;
+        let atomic_eth = next(op::ATOMIC_ETH, AtomicEth::LEN)
+            .map(|b| {
+                AtomicEth::view(b).map(|h| AtomicEthRepr {
                     va: h.va(),
                     rkey: h.rkey(),
                     swap_add: h.swap_add(),
                     compare: h.compare(),
                 })
-            }
-            None => None,
-        };
-        let deth = match next(op::DETH, Deth::LEN) {
-            Some(b) => {
-                let h = Deth::view(b)?;
-                Some(DethRepr {
+            })
+            .transpose()?;
+        let deth = next(op::DETH, Deth::LEN)
+            .map(|b| {
+                Deth::view(b).map(|h| DethRepr {
                     qkey: h.qkey(),
                     src_qpn: h.src_qpn(),
                 })
-            }
-            None => None,
-        };
-        let aeth = match next(op::AETH, Aeth::LEN) {
-            Some(b) => {
-                let h = Aeth::view(b)?;
-                Some(AethRepr {
+            })
+            .transpose()?;
+        let aeth = next(op::AETH, Aeth::LEN)
+            .map(|b| {
+                Aeth::view(b).map(|h| AethRepr {
                     syndrome: h.syndrome,
                     msn: h.msn(),
                 })
-            }
-            None => None,
-        };
-        let atomic_ack = match next(op::ATOMIC_ACK_ETH, AtomicAckEth::LEN) {
-            Some(b) => Some(AtomicAckEth::view(b)?.orig()),
-            None => None,
-        };
-        let imm = match next(op::IMM, ImmDt::LEN) {
-            Some(b) => Some(ImmDt::view(b)?.imm()),
-            None => None,
-        };
-        let ieth = match next(op::IETH, Ieth::LEN) {
-            Some(b) => Some(Ieth::view(b)?.rkey()),
-            None => None,
-        };
+            })
+            .transpose()?;
+        let atomic_ack = next(op::ATOMIC_ACK_ETH, AtomicAckEth::LEN)
+            .map(|b| AtomicAckEth::view(b).map(|h| h.orig()))
+            .transpose()?;
+        let imm = next(op::IMM, ImmDt::LEN)
+            .map(|b| ImmDt::view(b).map(|h| h.imm()))
+            .transpose()?;
+        let ieth = next(op::IETH, Ieth::LEN)
+            .map(|b| Ieth::view(b).map(|h| h.rkey()))
+            .transpose()?;
         let cnp_reserved = next(op::CNP_RESERVED, CNP_RESERVED_LEN).map(|b| {
             let mut r = [0u8; CNP_RESERVED_LEN];
             r.copy_from_slice(&b[..CNP_RESERVED_LEN]);

@@ -7,13 +7,16 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use rdma_user::datapath::{Connect, Core, DpStats, Limits, Path};
-use rdma_user::engine::{QpCap, QpState, QpStats, RecvWr, SendWr, Sge, WrOpcode};
+use rdma_user::datapath::{Connect, DpStats, Path};
+use rdma_user::engine::{QpState, QpStats, RecvWr, SendWr, Sge, WrOpcode};
 use rdma_user::hostile::{Class, Generator, Target, CLASSES};
 use rdma_user::mr::Access;
 use rdma_user::rng::Rng;
 use rdma_user::standalone::NO_WC;
 use rdma_user::wire::*;
+
+mod cores;
+use cores::{mem, mem_mut, side, Side};
 
 const MR_LEN: usize = 64 << 10;
 const MAC_A: [u8; 6] = [2, 0, 0, 0, 0, 0xa];
@@ -21,54 +24,33 @@ const MAC_B: [u8; 6] = [2, 0, 0, 0, 0, 0xb];
 const IP_A: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
 const IP_B: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
 
+/// A side with a second MR that is registered and never advertised.
 struct Host {
-    core: Core,
-    qpn: u32,
-    cq: u32,
-    addr: u64,
-    lkey: u32,
-    rkey: u32,
-    /// Registered, never advertised.
+    side: Side,
     private: (u64, usize),
 }
 
-fn host(seed: u64) -> Host {
-    let mut core = Core::new(Limits::default(), seed);
-    let pd = core.alloc_pd();
-    let (addr, lkey, rkey) = core.reg_mr(pd, MR_LEN, Access::ALL).unwrap();
-    let (paddr, _, _) = core.reg_mr(pd, 8192, Access::ALL).unwrap();
-    mem_mut(paddr, 8192).fill(0x5a);
-    let cq = core.create_cq(1 << 16).unwrap();
-    let qpn = core
-        .create_qp(
-            pd,
-            cq,
-            QpCap {
-                max_send_wr: 64,
-                max_recv_wr: 64,
-            },
-        )
-        .unwrap();
-    Host {
-        core,
-        qpn,
-        cq,
-        addr,
-        lkey,
-        rkey,
-        private: (paddr, 8192),
+impl std::ops::Deref for Host {
+    type Target = Side;
+    fn deref(&self) -> &Side {
+        &self.side
     }
 }
 
-fn mem(addr: u64, len: usize) -> &'static [u8] {
-    // SAFETY: MR mappings live until their Core is dropped, after the test's
-    // last look at them.
-    unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
+impl std::ops::DerefMut for Host {
+    fn deref_mut(&mut self) -> &mut Side {
+        &mut self.side
+    }
 }
 
-fn mem_mut(addr: u64, len: usize) -> &'static mut [u8] {
-    // SAFETY: as above; the engine does not run while we write.
-    unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) }
+fn host(seed: u64) -> Host {
+    let mut side = side(seed, MR_LEN, 1 << 16, 64);
+    let (paddr, _, _) = side.core.reg_mr(side.pd, 8192, Access::ALL).unwrap();
+    mem_mut(paddr, 8192).fill(0x5a);
+    Host {
+        side,
+        private: (paddr, 8192),
+    }
 }
 
 fn path(local: ([u8; 6], IpAddr), peer: ([u8; 6], IpAddr)) -> Path {
@@ -328,7 +310,8 @@ fn fuzz_parser_and_engine_with_traffic_in_flight() {
                 let mut wr = SendWr::new(i, op, &sge);
                 wr.rkey = b.rkey;
                 wr.remote_addr = b.addr + (rng.below(MR_LEN as u64 / 2) & !7);
-                if a.core.post_send(a.qpn, &wr).is_ok() {
+                let qpn = a.qpn;
+                if a.core.post_send(qpn, &wr).is_ok() {
                     posted += 1;
                 }
                 let rsge = [Sge {
@@ -336,8 +319,9 @@ fn fuzz_parser_and_engine_with_traffic_in_flight() {
                     length: 4096,
                     lkey: b.lkey,
                 }];
+                let qpn = b.qpn;
                 let _ = b.core.post_recv(
-                    b.qpn,
+                    qpn,
                     &RecvWr {
                         wr_id: i,
                         sg_list: &rsge,

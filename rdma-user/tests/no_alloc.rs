@@ -9,10 +9,12 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::net::{IpAddr, Ipv4Addr};
 
-use rdma_user::datapath::{Connect, Core, Limits, Path};
-use rdma_user::engine::{QpCap, RecvWr, SendWr, Sge, WcStatus, WrOpcode};
-use rdma_user::mr::Access;
+use rdma_user::datapath::{Connect, Path};
+use rdma_user::engine::{RecvWr, SendWr, Sge, WcStatus, WrOpcode};
 use rdma_user::standalone::NO_WC;
+
+mod cores;
+use cores::{mem, mem_mut, side, Side};
 
 struct Counting;
 
@@ -55,35 +57,6 @@ static GLOBAL: Counting = Counting;
 const MR_LEN: usize = 1 << 20;
 const DEPTH: u32 = 32;
 
-struct Side {
-    core: Core,
-    qpn: u32,
-    cq: u32,
-    addr: u64,
-    lkey: u32,
-    rkey: u32,
-}
-
-fn side(seed: u64) -> Side {
-    let mut core = Core::new(Limits::default(), seed);
-    let pd = core.alloc_pd();
-    let (addr, lkey, rkey) = core.reg_mr(pd, MR_LEN, Access::ALL).unwrap();
-    let cq = core.create_cq(4096).unwrap();
-    let cap = QpCap {
-        max_send_wr: DEPTH,
-        max_recv_wr: DEPTH,
-    };
-    let qpn = core.create_qp(pd, cq, cap).unwrap();
-    Side {
-        core,
-        qpn,
-        cq,
-        addr,
-        lkey,
-        rkey,
-    }
-}
-
 fn connect(x: &mut Side, y: &Side, ips: (u8, u8), psns: (u32, u32)) {
     let ip = |b| IpAddr::V4(Ipv4Addr::new(10, 9, 0, b));
     let path = Path {
@@ -100,12 +73,6 @@ fn connect(x: &mut Side, y: &Side, ips: (u8, u8), psns: (u32, u32)) {
         ..Connect::new(y.qpn, psns.1, psns.0, 1024)
     };
     x.core.connect_qp(x.qpn, path, &c).unwrap();
-}
-
-fn mem(addr: u64, len: usize) -> &'static mut [u8] {
-    // SAFETY: the MR mapping lives as long as its Core, past every use here;
-    // the engine does not run while the test reads or writes it.
-    unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) }
 }
 
 /// Counters of one run of `ops` work requests, posted by A.
@@ -202,15 +169,15 @@ fn run(a: &mut Side, b: &mut Side, ops: u64, frame: &mut [u8], r: &mut Run) {
 
 #[test]
 fn steady_traffic_with_loss_allocates_nothing() {
-    let mut a = side(1);
-    let mut b = side(2);
+    let mut a = side(1, MR_LEN, 4096, DEPTH);
+    let mut b = side(2, MR_LEN, 4096, DEPTH);
     connect(&mut a, &b, (1, 2), (100, 9000));
     connect(&mut b, &a, (2, 1), (9000, 100));
-    for (i, x) in mem(a.addr, MR_LEN).iter_mut().enumerate() {
+    for (i, x) in mem_mut(a.addr, MR_LEN).iter_mut().enumerate() {
         *x = (i * 7 + 3) as u8;
     }
     let q = MR_LEN / 4;
-    for (i, x) in mem(b.addr + 2 * q as u64, q).iter_mut().enumerate() {
+    for (i, x) in mem_mut(b.addr + 2 * q as u64, q).iter_mut().enumerate() {
         *x = (i * 13 + 5) as u8;
     }
     let mut frame = vec![0u8; 9000];

@@ -1,0 +1,52 @@
+//! One side of a socket-free test connection: a data path `Core` with one
+//! PD, one MR, one CQ and one RC QP, and raw access to MR memory.
+
+#![allow(dead_code)]
+
+use rdma_user::datapath::{Core, Limits};
+use rdma_user::engine::QpCap;
+use rdma_user::mr::Access;
+
+pub struct Side {
+    pub core: Core,
+    pub pd: u32,
+    pub qpn: u32,
+    pub cq: u32,
+    pub addr: u64,
+    pub lkey: u32,
+    pub rkey: u32,
+}
+
+/// A core with an MR of `mr_len` bytes (all access), a CQ of `cq_depth`
+/// and a QP of `qp_depth` send and receive WRs.
+pub fn side(seed: u64, mr_len: usize, cq_depth: usize, qp_depth: u32) -> Side {
+    let mut core = Core::new(Limits::default(), seed);
+    let pd = core.alloc_pd();
+    let (addr, lkey, rkey) = core.reg_mr(pd, mr_len, Access::ALL).unwrap();
+    let cq = core.create_cq(cq_depth).unwrap();
+    let cap = QpCap {
+        max_send_wr: qp_depth,
+        max_recv_wr: qp_depth,
+    };
+    let qpn = core.create_qp(pd, cq, cap).unwrap();
+    Side {
+        core,
+        pd,
+        qpn,
+        cq,
+        addr,
+        lkey,
+        rkey,
+    }
+}
+
+pub fn mem(addr: u64, len: usize) -> &'static [u8] {
+    // SAFETY: MR mappings live until their Core is dropped, after the test's
+    // last look at them.
+    unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
+}
+
+pub fn mem_mut(addr: u64, len: usize) -> &'static mut [u8] {
+    // SAFETY: as above; the engine does not run while the test writes.
+    unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) }
+}
