@@ -492,7 +492,9 @@ pub struct Qp {
     // Requester / completer.
     sq: VecDeque<SendWqe>,
     inline_bufs: Vec<[u8; MAX_INLINE]>,
-    post_seq: u64,
+    /// Inline slot of the next posted WQE (counts posts modulo cap_send,
+    /// kept as an index: a division per post showed in profiles).
+    inline_next: usize,
     next_psn: u32,
     cur: usize,
     cur_psn: u32,
@@ -577,7 +579,7 @@ impl Qp {
             max_dest_rd_atomic: 1,
             sq: VecDeque::with_capacity(cap_send),
             inline_bufs: vec![[0u8; MAX_INLINE]; cap_send],
-            post_seq: 0,
+            inline_next: 0,
             next_psn: 0,
             cur: 0,
             cur_psn: 0,
@@ -934,11 +936,15 @@ impl Qp {
         }
         // WQEs retire in order and at most cap_send are queued, so an inline
         // slot is free again by the time the counter wraps to it.
-        let slot = (self.post_seq % self.cap_send as u64) as usize;
+        let slot = self.inline_next;
         if let Some(data) = inline {
             self.inline_bufs[slot][..data.len()].copy_from_slice(data);
         }
-        self.post_seq += 1;
+        self.inline_next = if slot + 1 == self.cap_send {
+            0
+        } else {
+            slot + 1
+        };
         let mut sges = [Sge::default(); MAX_SGE];
         if inline.is_none() {
             sges[..wr.sg_list.len()].copy_from_slice(wr.sg_list);
