@@ -1787,7 +1787,7 @@ fn summary(r: &[Value]) -> String {
                 .unwrap_or("-".into())
         };
         s += &format!(
-            "| engine 64 B WRITEs, M frames/s: engine only / with framing and ICRC | {} / {} | - | >= 5 |\n",
+            "| engine 64 B WRITEs, M frames/s: engine only / with the data path's framing and ICRC (for reference) | {} / {} | - | >= 5 (engine only) |\n",
             m("engine_only_mpps"),
             m("msg_rate_mpps")
         );
