@@ -80,26 +80,18 @@ struct Recv {
 
 /// Runs `rdma xsk-recv` on host B while `inject` sends from host A.
 fn xsk_recv(lab: &Lab, count: usize, frames: &[Vec<u8>], extra: &[&str]) -> Recv {
+    let count = count.to_string();
     let mut args = vec![
-        "netns".to_string(),
-        "exec".into(),
-        lab.ns[1].clone(),
-        BIN.into(),
-        "xsk-recv".into(),
-        "--dev".into(),
-        lab.dev[1].clone(),
-        "--count".into(),
-        count.to_string(),
-        "--timeout-ms".into(),
-        "3000".into(),
+        "xsk-recv",
+        "--dev",
+        &lab.dev[1],
+        "--count",
+        &count,
+        "--timeout-ms",
+        "3000",
     ];
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let mut child = Command::new("ip")
-        .args(&args)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    args.extend_from_slice(extra);
+    let mut child = lab.spawn(1, &args);
     // Wait for "ready" (XDP attached, socket bound).
     use std::io::BufRead;
     let stdout = child.stdout.take().unwrap();
@@ -552,12 +544,9 @@ fn cli_errors_are_one_clear_line() {
 fn rc_pingpong_64k_wraps_every_ring() {
     let _g = serial();
     let lab = Lab::new(1500);
-    let server = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &lab.ns[1],
-            BIN,
+    let server = lab.spawn(
+        1,
+        &[
             "pingpong",
             "--dev",
             &lab.dev[1],
@@ -566,11 +555,8 @@ fn rc_pingpong_64k_wraps_every_ring() {
             "-n",
             "200",
             "-c",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+        ],
+    );
     std::thread::sleep(Duration::from_millis(700));
     let client = lab.exec(
         0,

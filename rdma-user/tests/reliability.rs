@@ -4,7 +4,6 @@
 
 mod lab;
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use lab::{serial, wait_timeout, Lab, BIN};
@@ -25,21 +24,8 @@ impl Drop for Reap {
 /// Runs the soak client on A against a soak server on B; returns the
 /// client's report.
 fn soak(lab: &Lab, ops: u64, seed: u64) -> Value {
-    let server = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &lab.ns[1],
-            BIN,
-            "soak",
-            "--dev",
-            &lab.dev[1],
-        ])
-        .args(["--seed", &seed.to_string()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("soak server");
+    let seed = seed.to_string();
+    let server = lab.spawn(1, &["soak", "--dev", &lab.dev[1], "--seed", &seed]);
     std::thread::sleep(Duration::from_millis(300));
     let client = lab.exec(
         0,
@@ -52,7 +38,7 @@ fn soak(lab: &Lab, ops: u64, seed: u64) -> Value {
             "-n",
             &ops.to_string(),
             "--seed",
-            &seed.to_string(),
+            &seed,
             "--stall-timeout",
             "20",
         ],
@@ -206,47 +192,36 @@ fn hostile_flood_is_counted_touches_nothing_and_valid_traffic_flows() {
 
     const N: u64 = 1_000_000;
     let mac_b = rdma_user::hostnet::fmt_mac(&lab.mac(1));
-    let mut flood = Reap(Some(
-        Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &lab.ns[0],
-                BIN,
-                "hostile",
-                "--dev",
-                &lab.dev[0],
-            ])
-            .args([
-                "--dst-ip",
-                &lab.addr[1],
-                "--dst-mac",
-                &mac_b,
-                "--src-ip",
-                &lab.addr[0],
-            ])
-            .args([
-                "--peer-qpn",
-                "153",
-                "--qpn",
-                &qv.to_string(),
-                "--epsn",
-                "1000",
-            ])
-            .args([
-                "--rkey",
-                &v_r.to_string(),
-                "--va",
-                &v_addr.to_string(),
-                "--mr-len",
-                "65536",
-            ])
-            .args(["--count", &N.to_string(), "--seed", "3"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("flood"),
-    ));
+    let mut flood = Reap(Some(lab.spawn(
+        0,
+        &[
+            "hostile",
+            "--dev",
+            &lab.dev[0],
+            "--dst-ip",
+            &lab.addr[1],
+            "--dst-mac",
+            &mac_b,
+            "--src-ip",
+            &lab.addr[0],
+            "--peer-qpn",
+            "153",
+            "--qpn",
+            &qv.to_string(),
+            "--epsn",
+            "1000",
+            "--rkey",
+            &v_r.to_string(),
+            "--va",
+            &v_addr.to_string(),
+            "--mr-len",
+            "65536",
+            "--count",
+            &N.to_string(),
+            "--seed",
+            "3",
+        ],
+    )));
     // Valid WRITE + READ-back rounds on the other QP while the flood runs.
     let mut rounds = 0u32;
     let mut during = 0u32;

@@ -163,6 +163,18 @@ impl Lab {
             .expect("ip netns exec")
     }
 
+    /// Starts `BIN ARGS` in host i's namespace with stdout and stderr piped
+    /// (the long-running twin of `exec`).
+    pub fn spawn(&self, i: usize, args: &[&str]) -> Child {
+        Command::new("ip")
+            .args(["netns", "exec", &self.ns[i], BIN])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {} on host {i}: {e}", args.join(" ")))
+    }
+
     /// `rdma --json ARGS` on host i; Ok(json) or Err(stderr line).
     pub fn rdma(&self, i: usize, args: &[&str]) -> Result<Value, String> {
         let mut a = vec!["--json"];
@@ -220,23 +232,9 @@ impl Lab {
 
     /// Starts the daemon on host i (adaptive polling) and waits until it serves.
     pub fn up(&mut self, i: usize, extra: &[&str]) {
-        let mut args = vec![
-            "netns",
-            "exec",
-            &self.ns[i],
-            BIN,
-            "up",
-            "--iface",
-            &self.dev[i],
-            "--adaptive",
-        ];
+        let mut args = vec!["up", "--iface", &self.dev[i], "--adaptive"];
         args.extend_from_slice(extra);
-        let child = Command::new("ip")
-            .args(&args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn daemon");
+        let child = self.spawn(i, &args);
         self.daemons[i] = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
