@@ -1,27 +1,22 @@
 //! Software RoCEv2 over XDP/AF_XDP.
 //!
-//! Data flows XDP classify -> AF_XDP rings -> [`engine`] -> memory/completions.
-//! [`wire`] is the packet format, [`engine`] the sans-IO RC transport, [`mr`]
-//! the memory regions it reads and writes.
+//! The layers follow the data: [`io`] (XDP program, AF_XDP rings) ->
+//! [`device`] (the data path loop) -> [`wire`] (parse) -> [`transport`] (the
+//! sans-IO RC engine, split by role) -> [`memory`] (MRs) and completions.
+//! [`control`] (the daemon) and [`verbs`] (the library API) sit beside the
+//! data path and reach it only through jobs; [`tools`] (benchmarks, soak,
+//! relay, hostile packets) use all of it and nothing above imports them.
+//!
+//! Allowed imports, lowest layer first (checked by `tests/layering.rs`):
+//! `rng` <- `wire` <- `memory` <- `transport` <- `io` <- `device` <-
+//! `control`, `verbs` <- `tools`.
 
-pub mod baseline;
-pub mod bench;
-pub mod capture;
-pub mod daemon;
-pub mod datapath;
-pub mod engine;
-pub mod hostile;
-pub mod hostnet;
-pub mod impair;
-pub mod mr;
-pub mod packet;
-pub mod pingpong;
-pub mod proto;
-pub mod relay;
+pub mod control;
+pub mod device;
+pub mod io;
+pub mod memory;
 pub mod rng;
-pub mod soak;
-pub mod standalone;
+pub mod tools;
+pub mod transport;
 pub mod verbs;
 pub mod wire;
-pub mod xdp;
-pub mod xsk;

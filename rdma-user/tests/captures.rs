@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use rdma_user::capture::read_pcap;
+use rdma_user::wire::pcap::read_pcap;
 use rdma_user::wire::*;
 
 fn data_dir() -> PathBuf {

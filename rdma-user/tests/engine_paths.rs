@@ -4,9 +4,9 @@
 
 mod sim;
 
-use rdma_user::capture::read_pcap;
-use rdma_user::engine::*;
-use rdma_user::mr::Access;
+use rdma_user::memory::Access;
+use rdma_user::transport::*;
+use rdma_user::wire::pcap::read_pcap;
 use rdma_user::wire::*;
 use sim::*;
 

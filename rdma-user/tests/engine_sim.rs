@@ -13,7 +13,7 @@ mod sim;
 
 use std::collections::VecDeque;
 
-use rdma_user::engine::*;
+use rdma_user::transport::*;
 use rdma_user::wire::{psn_diff, MASK_24};
 use sim::*;
 

@@ -1,7 +1,7 @@
 //! The parser must never panic or read out of bounds, whatever the bytes.
 
 use proptest::prelude::*;
-use rdma_user::capture::read_pcap;
+use rdma_user::wire::pcap::read_pcap;
 use rdma_user::wire::*;
 
 fn seeds() -> &'static [Vec<u8>] {

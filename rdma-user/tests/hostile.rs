@@ -7,12 +7,12 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use rdma_user::datapath::{Connect, DpStats, Path};
-use rdma_user::engine::{QpState, QpStats, RecvWr, SendWr, Sge, WrOpcode};
-use rdma_user::hostile::{Class, Generator, Target, CLASSES};
-use rdma_user::mr::Access;
+use rdma_user::device::datapath::{Connect, DpStats, Path};
+use rdma_user::device::standalone::NO_WC;
+use rdma_user::memory::Access;
 use rdma_user::rng::Rng;
-use rdma_user::standalone::NO_WC;
+use rdma_user::tools::hostile::{Class, Generator, Target, CLASSES};
+use rdma_user::transport::{QpState, QpStats, RecvWr, SendWr, Sge, WrOpcode};
 use rdma_user::wire::*;
 
 mod cores;

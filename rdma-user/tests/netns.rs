@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use lab::{serial, Lab, BIN};
-use rdma_user::daemon::hex;
+use rdma_user::control::proto::hex;
 use rdma_user::wire::*;
 use serde_json::Value;
 

@@ -9,9 +9,9 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::net::{IpAddr, Ipv4Addr};
 
-use rdma_user::datapath::{Connect, Path};
-use rdma_user::engine::{RecvWr, SendWr, Sge, WcStatus, WrOpcode};
-use rdma_user::standalone::NO_WC;
+use rdma_user::device::datapath::{Connect, Path};
+use rdma_user::device::standalone::NO_WC;
+use rdma_user::transport::{RecvWr, SendWr, Sge, WcStatus, WrOpcode};
 
 mod cores;
 use cores::{mem, mem_mut, side, Side};

@@ -153,7 +153,7 @@ fn hostile_flood_is_counted_touches_nothing_and_valid_traffic_flows() {
     // The victim: a QP on B connected to a QP on A that nobody runs; the
     // attacker on A knows its QPN, PSN, rkey and address.
     let qv = lab.ok(1, &["qp", "create"])["qpn"].as_u64().unwrap();
-    let mac_a = rdma_user::hostnet::fmt_mac(&lab.mac(0));
+    let mac_a = rdma_user::io::hostnet::fmt_mac(&lab.mac(0));
     lab.ok(
         1,
         &[
@@ -182,7 +182,7 @@ fn hostile_flood_is_counted_touches_nothing_and_valid_traffic_flows() {
                     "--offset",
                     &off.to_string(),
                     "--data",
-                    &rdma_user::daemon::hex(&pattern[off..off + 8192]),
+                    &rdma_user::control::proto::hex(&pattern[off..off + 8192]),
                 ],
             );
         }
@@ -191,7 +191,7 @@ fn hostile_flood_is_counted_touches_nothing_and_valid_traffic_flows() {
     let before = lab.ok(1, &["stats"]);
 
     const N: u64 = 1_000_000;
-    let mac_b = rdma_user::hostnet::fmt_mac(&lab.mac(1));
+    let mac_b = rdma_user::io::hostnet::fmt_mac(&lab.mac(1));
     let mut flood = Reap(Some(lab.spawn(
         0,
         &[
@@ -237,7 +237,7 @@ fn hostile_flood_is_counted_touches_nothing_and_valid_traffic_flows() {
             "write",
             qa,
             a_l,
-            &["--data", &rdma_user::daemon::hex(&data)],
+            &["--data", &rdma_user::control::proto::hex(&data)],
             b_addr + off,
             b_r,
         );

@@ -7,11 +7,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use rdma_user::daemon::{self, hex, unhex, UpOptions};
-use rdma_user::datapath::Limits;
-use rdma_user::proto::{Post, Request};
+use rdma_user::control::daemon::{self, UpOptions};
+use rdma_user::control::proto::{hex, unhex};
+use rdma_user::control::proto::{Post, Request};
+use rdma_user::device::datapath::Limits;
+use rdma_user::io::xdp::XdpMode;
 use rdma_user::wire::*;
-use rdma_user::xdp::XdpMode;
 use serde_json::Value;
 
 #[derive(Parser)]
@@ -84,7 +85,7 @@ enum Cmd {
     /// stream), and the in-memory engine microbenchmark (`engine`).
     Baseline {
         #[arg(value_enum)]
-        kind: Option<rdma_user::baseline::Kind>,
+        kind: Option<rdma_user::tools::baseline::Kind>,
         server: Option<std::net::IpAddr>,
         #[arg(long = "dev", short = 'd', default_value = "")]
         dev: String,
@@ -97,7 +98,7 @@ enum Cmd {
         /// AF_XDP stream client: copy frames into TX chunks, or chain
         /// descriptors that point at payload already in the UMEM.
         #[arg(long, value_enum, default_value_t)]
-        tx: rdma_user::baseline::TxMode,
+        tx: rdma_user::tools::baseline::TxMode,
         /// Run the engine microbenchmark instead (WRITEs of 64 B).
         #[arg(long)]
         engine: bool,
@@ -189,7 +190,7 @@ struct HostileArgs {
     /// The victim host's address and MAC.
     #[arg(long)]
     dst_ip: std::net::IpAddr,
-    #[arg(long, value_parser = rdma_user::hostnet::parse_mac)]
+    #[arg(long, value_parser = rdma_user::io::hostnet::parse_mac)]
     dst_mac: [u8; 6],
     /// Our address (the victim QP's connected peer).
     #[arg(long)]
@@ -302,7 +303,7 @@ struct UpArgs {
 #[derive(Args)]
 struct BenchArgs {
     #[arg(value_enum)]
-    test: rdma_user::bench::Test,
+    test: rdma_user::tools::bench::Test,
     /// Server address (client mode); none = server mode.
     server: Option<std::net::IpAddr>,
     #[arg(long = "dev", short = 'd')]
@@ -542,12 +543,12 @@ fn run(cli: Cli) -> Result<()> {
             engine,
         } => {
             if let Some(c) = cpu {
-                rdma_user::daemon::pin_to_cpu(c);
+                rdma_user::device::runner::pin_to_cpu(c);
             }
             let rec = if engine {
                 // The engine alone, then with the wire layer around it.
-                let (_, eng) = rdma_user::baseline::engine_pps(iters, false)?;
-                let (mps, fps) = rdma_user::baseline::engine_pps(iters, true)?;
+                let (_, eng) = rdma_user::tools::baseline::engine_pps(iters, false)?;
+                let (mps, fps) = rdma_user::tools::baseline::engine_pps(iters, true)?;
                 println!(
                     "engine: {:.2} M frames/s engine only (transport headers, no framing or ICRC); \
                      with full frames and ICRC both sides: {:.2} M WRITE/s, {:.2} M frames/s (64 B WRITEs, one core)",
@@ -555,7 +556,7 @@ fn run(cli: Cli) -> Result<()> {
                     mps / 1e6,
                     fps / 1e6
                 );
-                Some(rdma_user::bench::Record {
+                Some(rdma_user::tools::bench::Record {
                     test: "engine_write_64".into(),
                     bytes: 64,
                     iters,
@@ -566,7 +567,7 @@ fn run(cli: Cli) -> Result<()> {
             } else {
                 let kind = kind
                     .ok_or_else(|| anyhow!("which baseline? (afxdp-pingpong, udp-stream, ...)"))?;
-                rdma_user::baseline::run(&rdma_user::baseline::Options {
+                rdma_user::tools::baseline::run(&rdma_user::tools::baseline::Options {
                     kind,
                     tx,
                     iface: dev,
@@ -577,7 +578,7 @@ fn run(cli: Cli) -> Result<()> {
                 })?
             };
             if let Some(r) = rec {
-                rdma_user::bench::print_record(&r);
+                rdma_user::tools::bench::print_record(&r);
                 if let Some(f) = json_file {
                     std::fs::write(&f, serde_json::to_string_pretty(&vec![r])?)?;
                 }
@@ -593,7 +594,7 @@ fn run(cli: Cli) -> Result<()> {
             } else {
                 vec![b.size]
             };
-            let recs = rdma_user::bench::run(rdma_user::bench::Options {
+            let recs = rdma_user::tools::bench::run(rdma_user::tools::bench::Options {
                 test: b.test,
                 iface: b.dev,
                 server: b.server,
@@ -628,7 +629,7 @@ fn run(cli: Cli) -> Result<()> {
             rx_depth,
             chk,
             local_ip,
-        } => rdma_user::pingpong::run(rdma_user::pingpong::Options {
+        } => rdma_user::tools::pingpong::run(rdma_user::tools::pingpong::Options {
             iface: dev,
             server,
             port,
@@ -644,7 +645,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Soak(a) => soak(a, json_file),
         Cmd::Hostile(h) => hostile(h),
         Cmd::Relay(r) => {
-            let cfg = rdma_user::impair::ImpairConfig {
+            let cfg = rdma_user::tools::impair::ImpairConfig {
                 loss: r.loss,
                 reorder: r.reorder,
                 dup: r.dup,
@@ -658,7 +659,7 @@ fn run(cli: Cli) -> Result<()> {
             };
             cfg.validate().map_err(|e| anyhow!(e))?;
             eprintln!("relay {} <-> {}: {}", r.a, r.b, cfg.describe());
-            let rep = rdma_user::relay::run(
+            let rep = rdma_user::tools::relay::run(
                 &r.a,
                 &r.b,
                 cfg,
@@ -927,7 +928,7 @@ fn find_socket(iface: &Option<String>) -> Result<PathBuf> {
     if let Some(i) = iface {
         return Ok(daemon::socket_path(i));
     }
-    let dir = rdma_user::hostnet::run_dir();
+    let dir = rdma_user::io::hostnet::run_dir();
     let socks: Vec<PathBuf> = std::fs::read_dir(&dir)
         .map(|d| {
             d.filter_map(|e| e.ok())
@@ -1003,7 +1004,7 @@ fn hexdump(base: u64, b: &[u8]) {
 }
 
 fn decode(file: &std::path::Path) -> Result<()> {
-    let frames = rdma_user::capture::read_pcap(file)?;
+    let frames = rdma_user::wire::pcap::read_pcap(file)?;
     let t0 = frames.first().map(|f| f.ts).unwrap_or(0.0);
     for f in &frames {
         let Ok((r, l)) = RoceRepr::parse_unchecked_icrc(&f.data) else {
@@ -1077,7 +1078,7 @@ fn decode(file: &std::path::Path) -> Result<()> {
 }
 
 fn soak(a: SoakArgs, json_file: Option<PathBuf>) -> Result<()> {
-    let o = rdma_user::soak::Options {
+    let o = rdma_user::tools::soak::Options {
         iface: a.dev,
         server: a.server,
         port: a.port,
@@ -1093,7 +1094,7 @@ fn soak(a: SoakArgs, json_file: Option<PathBuf>) -> Result<()> {
         progress: true,
     };
     let (out, clean) = if o.server.is_some() {
-        let r = rdma_user::soak::run(&o)?;
+        let r = rdma_user::tools::soak::run(&o)?;
         eprintln!(
             "soak: {} of {} operations in {:.2} s, {:.3} Gb/s goodput, {:.0} ops/s; lost {}, duplicated {}, corrupted {}, error WCs {}; {} retransmits, {} timeouts",
             r.completed, r.ops, r.seconds, r.goodput_gbps, r.ops_per_sec, r.lost, r.duplicated, r.corrupted, r.error_wcs, r.retransmits, r.timeouts
@@ -1103,7 +1104,7 @@ fn soak(a: SoakArgs, json_file: Option<PathBuf>) -> Result<()> {
         }
         (serde_json::to_string_pretty(&r)?, r.clean())
     } else {
-        let r = rdma_user::soak::serve(&o)?;
+        let r = rdma_user::tools::soak::serve(&o)?;
         (serde_json::to_string_pretty(&r)?, r.clean())
     };
     if let Some(f) = json_file {
@@ -1119,10 +1120,10 @@ fn soak(a: SoakArgs, json_file: Option<PathBuf>) -> Result<()> {
 /// Sends `count` hostile frames as fast as the socket takes them; prints
 /// how many of each class went out.
 fn hostile(h: HostileArgs) -> Result<()> {
-    use rdma_user::hostile::{Generator, Target, CLASSES};
-    let sock = rdma_user::packet::RawSocket::bind(&h.dev, false)?;
-    let path = rdma_user::datapath::Path {
-        local_mac: rdma_user::hostnet::iface_mac(&h.dev)?,
+    use rdma_user::tools::hostile::{Generator, Target, CLASSES};
+    let sock = rdma_user::io::packet::RawSocket::bind(&h.dev, false)?;
+    let path = rdma_user::device::datapath::Path {
+        local_mac: rdma_user::io::hostnet::iface_mac(&h.dev)?,
         peer_mac: h.dst_mac,
         local_ip: h.src_ip,
         peer_ip: h.dst_ip,
@@ -1172,7 +1173,7 @@ fn hostile(h: HostileArgs) -> Result<()> {
 
 /// Sends raw Ethernet frames through an AF_PACKET socket.
 fn inject(dev: &str, frames: &[String]) -> Result<()> {
-    let sock = rdma_user::packet::RawSocket::bind(dev, false)?;
+    let sock = rdma_user::io::packet::RawSocket::bind(dev, false)?;
     for h in frames {
         let f = unhex(h)?;
         sock.send(&f)
@@ -1190,11 +1191,11 @@ fn xsk_recv(
     mode: XdpMode,
     multi_buffer: bool,
 ) -> Result<()> {
-    let mut prog = rdma_user::xdp::XdpProgram::attach(dev, mode)?;
-    let mut x = rdma_user::xsk::Xsk::open(
+    let mut prog = rdma_user::io::xdp::XdpProgram::attach(dev, mode)?;
+    let mut x = rdma_user::io::xsk::Xsk::open(
         dev,
         0,
-        rdma_user::xsk::XskConfig {
+        rdma_user::io::xsk::XskConfig {
             multi_buffer,
             frames: 1024,
             ring_size: 512,
@@ -1215,7 +1216,7 @@ fn xsk_recv(
         std::io::stdout().flush()?;
     }
     let s = prog.stats()?;
-    let names = rdma_user::xdp::stat_names();
+    let names = rdma_user::io::xdp::stat_names();
     let m: serde_json::Map<String, Value> = s
         .iter()
         .enumerate()
@@ -1229,10 +1230,12 @@ fn xsk_recv(
 /// SEND/RECV, FETCH_ADD, then a WRITE to a read-only MR. Every result is
 /// checked; any mismatch is an error.
 fn verbs_demo(a: &str, b: &str) -> Result<()> {
-    use rdma_user::datapath::{Connect, Path};
-    use rdma_user::engine::{QpAttr, QpCap, RecvWr, SendWr, Sge, Wc, WcOpcode, WcStatus, WrOpcode};
-    use rdma_user::mr::Access;
-    use rdma_user::standalone::NO_WC;
+    use rdma_user::device::datapath::{Connect, Path};
+    use rdma_user::device::standalone::NO_WC;
+    use rdma_user::memory::Access;
+    use rdma_user::transport::{
+        QpAttr, QpCap, RecvWr, SendWr, Sge, Wc, WcOpcode, WcStatus, WrOpcode,
+    };
     use rdma_user::verbs::{Context, ContextOptions, Cq, Polling};
 
     fn wait(cq: &Cq, want: WcOpcode) -> Result<Wc> {
@@ -1253,7 +1256,7 @@ fn verbs_demo(a: &str, b: &str) -> Result<()> {
         }
     }
     fn addr(iface: &str) -> Result<std::net::IpAddr> {
-        rdma_user::hostnet::iface_addrs(iface)?
+        rdma_user::io::hostnet::iface_addrs(iface)?
             .into_iter()
             .find(|a| a.is_ipv4())
             .ok_or_else(|| anyhow!("{iface} has no IPv4 address"))

@@ -3,9 +3,9 @@
 
 #![allow(dead_code)]
 
-use rdma_user::datapath::{Core, Limits};
-use rdma_user::engine::QpCap;
-use rdma_user::mr::Access;
+use rdma_user::device::datapath::{Core, Limits};
+use rdma_user::memory::Access;
+use rdma_user::transport::QpCap;
 
 pub struct Side {
     pub core: Core,

@@ -282,7 +282,7 @@ impl Lab {
             "cat",
             &[&format!("/sys/class/net/{}/address", self.dev[i])],
         );
-        rdma_user::hostnet::parse_mac(&String::from_utf8_lossy(&out.stdout)).unwrap()
+        rdma_user::io::hostnet::parse_mac(&String::from_utf8_lossy(&out.stdout)).unwrap()
     }
 
     /// Registers an MR on host i; returns (addr, lkey, rkey).
@@ -319,7 +319,10 @@ impl Lab {
 
     /// Sends raw frames from host i's interface (AF_PACKET).
     pub fn inject(&self, i: usize, frames: &[Vec<u8>]) {
-        let hexes: Vec<String> = frames.iter().map(|f| rdma_user::daemon::hex(f)).collect();
+        let hexes: Vec<String> = frames
+            .iter()
+            .map(|f| rdma_user::control::proto::hex(f))
+            .collect();
         let mut args = vec!["inject", "--dev", &self.dev[i]];
         for h in &hexes {
             args.push("--hex");
@@ -346,7 +349,7 @@ impl Lab {
                 &len.to_string(),
             ],
         );
-        rdma_user::daemon::unhex(v["data"].as_str().unwrap()).unwrap()
+        rdma_user::control::proto::unhex(v["data"].as_str().unwrap()).unwrap()
     }
 }
 

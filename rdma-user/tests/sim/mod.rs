@@ -7,8 +7,8 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
-use rdma_user::engine::*;
-use rdma_user::mr::{Access, MrTable};
+use rdma_user::memory::{Access, MrTable};
+use rdma_user::transport::*;
 use rdma_user::wire::*;
 
 pub use rdma_user::rng::Rng;

@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::datapath::{DataPath, Limits};
-use crate::engine::{Wc, WcOpcode, WcStatus};
-use crate::xdp::{XdpMode, XdpProgram};
-use crate::xsk::{rx_queues, Xsk, XskConfig};
+use crate::device::datapath::{DataPath, Limits};
+use crate::io::xdp::{XdpMode, XdpProgram};
+use crate::io::xsk::{rx_queues, Xsk, XskConfig};
+use crate::transport::{Wc, WcOpcode, WcStatus};
 
 pub struct Device {
     pub dp: DataPath,
@@ -50,8 +50,8 @@ impl Device {
     }
 
     pub fn open(iface: &str, mode: XdpMode, multi_buffer: bool) -> Result<Device> {
-        let lock = crate::daemon::take_lock(iface)?;
-        crate::daemon::clean_stale(iface);
+        let lock = crate::device::runner::take_lock(iface)?;
+        crate::device::runner::clean_stale(iface);
         let mut xdp = XdpProgram::attach(iface, mode)?;
         let mut xsks = Vec::new();
         for q in 0..rx_queues(iface)? {
@@ -71,7 +71,7 @@ impl Device {
             dp: DataPath::new(xsks, Limits::default()),
             xdp,
             iface: iface.to_string(),
-            mac: crate::hostnet::iface_mac(iface)?,
+            mac: crate::io::hostnet::iface_mac(iface)?,
             _lock: lock,
         })
     }

@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 
-use crate::datapath::{gid_of, gid_to_ip, Connect, Path};
-use crate::engine::{QpAttr, QpCap, RecvWr, SendWr, Sge, WcOpcode, WcStatus, WrOpcode};
-use crate::hostnet;
-use crate::mr::Access;
-use crate::standalone::{Device, NO_WC};
+use crate::device::datapath::{gid_of, gid_to_ip, Connect, Path};
+use crate::device::standalone::{Device, NO_WC};
+use crate::io::hostnet;
+use crate::memory::Access;
+use crate::transport::{QpAttr, QpCap, RecvWr, SendWr, Sge, WcOpcode, WcStatus, WrOpcode};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -265,7 +265,7 @@ pub fn run(o: Options) -> Result<Vec<Record>> {
         bail!("-D applies to bandwidth tests; use -n ITERS for latency tests");
     }
     if let Some(c) = o.cpu {
-        crate::daemon::pin_to_cpu(c);
+        crate::device::runner::pin_to_cpu(c);
     }
     let max_size = *o
         .sizes
@@ -276,7 +276,7 @@ pub fn run(o: Options) -> Result<Vec<Record>> {
     if nqp > 1 && o.test.is_lat() {
         bail!("-q {nqp}: latency tests run on one QP (as perftest's do); use -q with *-bw tests");
     }
-    let mut dev = Device::open(&o.iface, crate::xdp::XdpMode::Auto, true)?;
+    let mut dev = Device::open(&o.iface, crate::io::xdp::XdpMode::Auto, true)?;
     let timeout = Duration::from_secs(o.connect_timeout);
     // perftest's buffer: one slot per QP to send from, then one per QP for
     // the peer to target (BUFF_SIZE each).
@@ -612,7 +612,7 @@ fn wait_wc(dev: &mut Device, cq: u32, want: WcOpcode, timeout: Duration) -> Resu
             if b[0].status != WcStatus::Success {
                 bail!(
                     "completion error: {}",
-                    crate::proto::status_name(b[0].status)
+                    crate::control::proto::status_name(b[0].status)
                 );
             }
             if b[0].opcode == want {
@@ -860,7 +860,10 @@ fn stream(dev: &mut Device, c: &Ctx, o: &Options, size: usize, client: bool) -> 
             .unwrap_or(0);
         for w in &wcs[..n] {
             if w.status != WcStatus::Success {
-                bail!("completion error: {}", crate::proto::status_name(w.status));
+                bail!(
+                    "completion error: {}",
+                    crate::control::proto::status_name(w.status)
+                );
             }
             let Some(i) = c.qps.iter().position(|q| q.qpn == w.qp_num) else {
                 bail!("completion for unknown QP 0x{:x}", w.qp_num);

@@ -21,7 +21,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 
-use crate::mr::{Access, AccessError, AtomicOp, MrTable};
+use crate::memory::{Access, AccessError, AtomicOp, MrTable};
 use crate::wire::{
     flags_of, op, opcode, pad_for, psn_add, psn_diff, syndrome, AethRepr, AtomicEthRepr, BthRepr,
     NakCode, RethRepr, Syndrome, TransportRepr, MASK_24,
@@ -1655,7 +1655,7 @@ impl Qp {
         // A message longer than 2^31 is a length error before any key is
         // looked at (IBA C9-92; rxe's check_length).
         if t.reth
-            .is_some_and(|r| r.dma_len as u64 > crate::mr::MAX_MSG_LEN)
+            .is_some_and(|r| r.dma_len as u64 > crate::memory::MAX_MSG_LEN)
         {
             return self.responder_fatal(psn, syndrome::NAK_INVALID_REQUEST, None);
         }

@@ -11,14 +11,14 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Result};
 
-use crate::engine::{Nanos, Qp, QpAttr, QpCap, QpState, RecvWr, SendWr, Wc};
-use crate::mr::{Access, Backing, MrTable};
+use crate::io::xsk::{SharedMem, Xsk};
+use crate::memory::{Access, Backing, MrTable};
+use crate::transport::{Nanos, Qp, QpAttr, QpCap, QpState, RecvWr, SendWr, Wc};
 use crate::wire::{
     ipv4_mapped_gid, udp_sport_for_qps, EthernetRepr, IpRepr, Ipv4Repr, Ipv6Repr, RoceRepr,
     TransportRepr, UdpRepr, WireError, ETH_P_IPV4, ETH_P_IPV6, ICRC_LEN, IPPROTO_UDP,
     ROCE_V2_UDP_PORT,
 };
-use crate::xsk::{SharedMem, Xsk};
 
 /// Where a QP's packets go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -223,7 +223,7 @@ impl Default for Limits {
 pub struct Core {
     pub mem: MrTable,
     mr_backing: HashMap<u32, SharedMem>,
-    qps: crate::mr::KeyMap<QpSlot>,
+    qps: crate::memory::KeyMap<QpSlot>,
     cqs: HashMap<u32, Cq>,
     next_qpn: u32,
     next_cq: u32,
@@ -260,7 +260,7 @@ impl Core {
         Core {
             mem: MrTable::new(limits.max_mr, seed),
             mr_backing: HashMap::new(),
-            qps: crate::mr::KeyMap::default(),
+            qps: crate::memory::KeyMap::default(),
             cqs: HashMap::new(),
             // rxe starts QPNs at 17; so do we (QP0/QP1 are special).
             next_qpn: 0x11,
@@ -568,7 +568,7 @@ impl Core {
             Self::drain_wcs(slot, &mut self.cqs, &mut self.stats);
         }
         if too_small {
-            crate::xsk::NEEDS_LARGER
+            crate::io::xsk::NEEDS_LARGER
         } else {
             0
         }

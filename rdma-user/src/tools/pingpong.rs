@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use crate::datapath::{gid_of, gid_to_ip, Connect, Path};
-use crate::engine::{QpAttr, QpCap, RecvWr, SendWr, Sge, WcStatus, WrOpcode};
-use crate::hostnet;
-use crate::mr::Access;
-use crate::standalone::{Device, NO_WC};
+use crate::device::datapath::{gid_of, gid_to_ip, Connect, Path};
+use crate::device::standalone::{Device, NO_WC};
+use crate::io::hostnet;
+use crate::memory::Access;
+use crate::transport::{QpAttr, QpCap, RecvWr, SendWr, Sge, WcStatus, WrOpcode};
 
 pub struct Options {
     pub iface: String,
@@ -68,7 +68,7 @@ fn diag(dev: &Device, qpn: u32) -> String {
 }
 
 pub fn run(o: Options) -> Result<()> {
-    let mut dev = Device::open(&o.iface, crate::xdp::XdpMode::Auto, true)?;
+    let mut dev = Device::open(&o.iface, crate::io::xdp::XdpMode::Auto, true)?;
     let pd = dev.dp.core.alloc_pd();
     let (addr, lkey, _) = dev.dp.core.reg_mr(pd, o.size.max(1), Access::LOCAL_WRITE)?;
     {
@@ -238,7 +238,7 @@ pub fn run(o: Options) -> Result<()> {
             if wc.status != WcStatus::Success {
                 bail!(
                     "Failed status {} for wr_id {} (after {scnt} sends, {rcnt} receives; {})",
-                    crate::proto::status_name(wc.status),
+                    crate::control::proto::status_name(wc.status),
                     wc.wr_id,
                     diag(&dev, qpn)
                 );

@@ -3,7 +3,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{Wc, WcOpcode, WcStatus};
+use anyhow::{anyhow, bail, Result};
+
+use crate::transport::{Wc, WcOpcode, WcStatus};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "kebab-case", deny_unknown_fields)]
@@ -167,4 +169,23 @@ impl WcJson {
             qp_num: self.qp_num,
         }
     }
+}
+
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+pub fn unhex(s: &str) -> Result<Vec<u8>> {
+    let t: String = s.chars().filter(|c| !c.is_whitespace()).collect();
+    let t = t.strip_prefix("0x").unwrap_or(&t);
+    if !t.len().is_multiple_of(2) {
+        bail!("hex data has an odd number of digits");
+    }
+    (0..t.len())
+        .step_by(2)
+        .map(|i| {
+            u8::from_str_radix(&t[i..i + 2], 16)
+                .map_err(|_| anyhow!("'{}' is not hex", &t[i..i + 2]))
+        })
+        .collect()
 }

@@ -7,6 +7,8 @@
 //! payload, 0-3 pad bytes and the 4-byte ICRC. The header layouts themselves
 //! live in `rdma_common`, shared with the XDP program.
 
+pub mod pcap;
+
 use core::fmt;
 use core::ops::Range;
 

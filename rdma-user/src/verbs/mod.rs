@@ -7,7 +7,7 @@
 //! sleeping when idle. Every call below is a job that thread runs between
 //! two polls (one channel hop, no lock on the data path); completions are
 //! polled in batches. For the lowest latency from a single thread, drive a
-//! [`crate::standalone::Device`] directly instead.
+//! [`crate::device::standalone::Device`] directly instead.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -15,12 +15,12 @@ use std::thread::JoinHandle;
 
 use anyhow::{anyhow, Context as _, Result};
 
-use crate::daemon::{data_path_loop, Job};
-use crate::datapath::{Connect, DataPath, Path};
-use crate::engine::{QpAttr, QpCap, QpState, RecvWr, SendFlags, SendWr, Sge, Wc, WrOpcode};
-use crate::mr::Access;
-use crate::standalone::{Attachment, Device};
-use crate::xdp::XdpMode;
+use crate::device::datapath::{Connect, DataPath, Path};
+use crate::device::runner::{data_path_loop, Job};
+use crate::device::standalone::{Attachment, Device};
+use crate::io::xdp::XdpMode;
+use crate::memory::Access;
+use crate::transport::{QpAttr, QpCap, QpState, RecvWr, SendFlags, SendWr, Sge, Wc, WrOpcode};
 
 /// How the data path thread waits for work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -253,7 +253,7 @@ impl Cq {
                 .core
                 .cq_mut(cqn)
                 .ok_or_else(|| anyhow!("CQ {cqn} does not exist"))?;
-            let mut v = vec![crate::standalone::NO_WC; max];
+            let mut v = vec![crate::device::standalone::NO_WC; max];
             let n = cq.poll(&mut v);
             v.truncate(n);
             Ok(v)
@@ -273,13 +273,13 @@ pub struct Qp {
 /// data path thread.
 #[derive(Clone, Copy)]
 struct OwnedSgl {
-    sges: [Sge; crate::engine::MAX_SGE],
+    sges: [Sge; crate::transport::MAX_SGE],
     n: usize,
 }
 
 impl OwnedSgl {
     fn new(list: &[Sge]) -> Result<OwnedSgl> {
-        let mut sges = [Sge::default(); crate::engine::MAX_SGE];
+        let mut sges = [Sge::default(); crate::transport::MAX_SGE];
         if list.len() > sges.len() {
             anyhow::bail!(
                 "{} SGEs, at most {} per work request",

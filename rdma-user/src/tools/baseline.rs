@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::bench::{lat_record, Record};
-use crate::datapath::Path;
-use crate::hostnet;
-use crate::standalone::Device;
+use crate::device::datapath::Path;
+use crate::device::standalone::Device;
+use crate::io::hostnet;
+use crate::tools::bench::{lat_record, Record};
 use crate::wire::{opcode, BthRepr, DethRepr, RoceRepr, TransportRepr, ICRC_LEN, MASK_24};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -274,7 +274,7 @@ fn raw_frame(path: &Path, size: usize, psn: u32) -> Result<Vec<u8>> {
 
 fn afxdp(o: &Options) -> Result<Option<Record>> {
     let ping = o.kind == Kind::AfxdpPingpong;
-    let mut dev = Device::open(&o.iface, crate::xdp::XdpMode::Auto, true)?;
+    let mut dev = Device::open(&o.iface, crate::io::xdp::XdpMode::Auto, true)?;
     let local_mac = dev.mac;
     let x = &mut dev.dp.xsks[0];
     match o.server {
@@ -414,8 +414,8 @@ fn afxdp(o: &Options) -> Result<Option<Record>> {
 /// responder, without Ethernet/IP/UDP and without ICRC (the wire layer's
 /// share, measured by the framed run).
 pub fn engine_pps(writes: u64, framing: bool) -> Result<(f64, f64)> {
-    use crate::engine::*;
-    use crate::mr::{Access, MrTable};
+    use crate::memory::{Access, MrTable};
+    use crate::transport::*;
     use std::net::Ipv4Addr;
     let mk = |qpn: u32, rqpn: u32, seed: u64| -> Result<(Qp, MrTable, RoceRepr)> {
         let mut mem = MrTable::new(4, seed);
@@ -506,11 +506,11 @@ pub fn engine_pps(writes: u64, framing: bool) -> Result<(f64, f64)> {
 /// the parser and into `dst`; returns how many.
 fn pump(
     now: u64,
-    src: &mut crate::engine::Qp,
-    smem: &crate::mr::MrTable,
+    src: &mut crate::transport::Qp,
+    smem: &crate::memory::MrTable,
     snet: Option<&RoceRepr>,
-    dst: &mut crate::engine::Qp,
-    dmem: &mut crate::mr::MrTable,
+    dst: &mut crate::transport::Qp,
+    dmem: &mut crate::memory::MrTable,
     frame: &mut [u8],
 ) -> Result<u64> {
     let hl = snet.map_or(0, |n| n.net_header_len());

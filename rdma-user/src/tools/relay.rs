@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use crate::impair::{DirStats, ImpairConfig, Impairer};
-use crate::packet::{RawSocket, VNET_HDR_LEN};
+use crate::io::packet::{RawSocket, VNET_HDR_LEN};
+use crate::tools::impair::{DirStats, ImpairConfig, Impairer};
 
 static STOP: AtomicBool = AtomicBool::new(false);
 

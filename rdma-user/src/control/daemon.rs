@@ -7,8 +7,6 @@
 //! packet.
 
 use std::collections::{HashMap, VecDeque};
-use std::fs::File;
-use std::io::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
@@ -23,13 +21,14 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 
-use crate::datapath::{Backoff, Connect, DataPath, Limits, Path};
-use crate::engine::{QpCap, RecvWr, SendFlags, SendWr, Sge, Wc, WcOpcode, WrOpcode};
-use crate::hostnet;
-use crate::mr::Access;
-use crate::proto::{Request, WcJson};
-use crate::xdp::{XdpMode, XdpProgram};
-use crate::xsk::{rx_queues, Xsk, XskConfig};
+use crate::control::proto::{hex, unhex, Request, WcJson};
+use crate::device::datapath::{Connect, DataPath, Limits, Path};
+use crate::device::runner::{clean_stale, data_path_loop, take_lock, Job};
+use crate::io::hostnet;
+use crate::io::xdp::{XdpMode, XdpProgram};
+use crate::io::xsk::{rx_queues, Xsk, XskConfig};
+use crate::memory::Access;
+use crate::transport::{QpCap, RecvWr, SendFlags, SendWr, Sge, Wc, WcOpcode, WrOpcode};
 
 #[derive(Debug, Clone)]
 pub struct UpOptions {
@@ -48,10 +47,6 @@ pub struct UpOptions {
     pub limits: Limits,
     pub firewall: bool,
 }
-
-/// Work for the data path thread, run between two polls; it carries its
-/// own way of answering.
-pub(crate) type Job = Box<dyn FnOnce(&mut DataPath) + Send>;
 
 /// Control-plane state shared by the connection handlers.
 struct Ctl {
@@ -82,98 +77,8 @@ impl Ctl {
     }
 }
 
-fn lock_path(iface: &str) -> PathBuf {
-    hostnet::run_dir().join(format!("{iface}.lock"))
-}
-
 pub fn socket_path(iface: &str) -> PathBuf {
     hostnet::run_dir().join(format!("{iface}.sock"))
-}
-
-/// Takes the per-interface lock; refuses while another daemon holds it.
-pub fn take_lock(iface: &str) -> Result<File> {
-    let dir = hostnet::run_dir();
-    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
-    let path = lock_path(iface);
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .open(&path)
-        .with_context(|| format!("open {}", path.display()))?;
-    // SAFETY: flock on an fd we own.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let pid = std::fs::read_to_string(&path).unwrap_or_default();
-        bail!(
-            "a daemon is already running on {iface} (pid {}); stop it first (Ctrl-C or kill {})",
-            pid.trim(),
-            pid.trim()
-        );
-    }
-    f.set_len(0)?;
-    write!(f, "{}", std::process::id())?;
-    Ok(f)
-}
-
-/// After a daemon died by SIGKILL: a program attached through the netlink
-/// fallback stays on the interface, and its socket file stays on disk. We
-/// hold the lock, so nothing alive owns them.
-pub fn clean_stale(iface: &str) {
-    let _ = std::fs::remove_file(socket_path(iface));
-    let out = std::process::Command::new("ip")
-        .args(["-d", "link", "show", "dev", iface])
-        .output();
-    if let Ok(o) = out {
-        let text = String::from_utf8_lossy(&o.stdout);
-        if text.contains("prog/xdp") || text.contains(" xdp") {
-            log::warn!("{iface}: removing an XDP program left behind by a previous daemon");
-            for mode in ["xdp", "xdpgeneric", "xdpdrv"] {
-                let _ = std::process::Command::new("ip")
-                    .args(["link", "set", "dev", iface, mode, "off"])
-                    .status();
-            }
-        }
-    }
-}
-
-pub fn pin_to_cpu(cpu: usize) {
-    // SAFETY: cpu_set_t manipulation on a local value.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            log::warn!(
-                "cannot pin the data path to CPU {cpu}: {}",
-                std::io::Error::last_os_error()
-            );
-        }
-    }
-}
-
-/// The data path thread: run control jobs between polls; spin, or back off
-/// to short sleeps when idle (adaptive).
-pub(crate) fn data_path_loop(
-    mut dp: DataPath,
-    jobs: mpsc::Receiver<Job>,
-    stop: Arc<AtomicBool>,
-    adaptive: bool,
-    cpu: Option<usize>,
-) -> DataPath {
-    if let Some(c) = cpu {
-        pin_to_cpu(c);
-    }
-    let mut backoff = Backoff::new(adaptive);
-    while !stop.load(Ordering::Relaxed) {
-        while let Ok(job) = jobs.try_recv() {
-            job(&mut dp);
-            backoff.reset();
-        }
-        let (work, next) = dp.poll();
-        backoff.after_poll(dp.now(), work, next);
-    }
-    dp
 }
 
 pub fn run(opts: UpOptions) -> Result<()> {
@@ -210,8 +115,8 @@ pub fn run(opts: UpOptions) -> Result<()> {
         "{} XDP, {} AF_XDP x{}{}",
         if xdp.native { "native" } else { "generic" },
         match xsks[0].mode {
-            crate::xsk::BindMode::ZeroCopy => "zero-copy",
-            crate::xsk::BindMode::Copy => "copy-mode",
+            crate::io::xsk::BindMode::ZeroCopy => "zero-copy",
+            crate::io::xsk::BindMode::Copy => "copy-mode",
         },
         queues,
         if opts.multi_buffer {
@@ -258,7 +163,7 @@ pub fn run(opts: UpOptions) -> Result<()> {
     for qpn in dp.core.qpns() {
         let _ = dp.core.destroy_qp(qpn);
     }
-    let mut buf = [crate::standalone::NO_WC; 64];
+    let mut buf = [crate::device::standalone::NO_WC; 64];
     if let Ok(map) = ctl.qp_cq.lock() {
         for (_, (cq, _)) in map.iter() {
             if let Some(c) = dp.core.cq_mut(*cq) {
@@ -269,7 +174,7 @@ pub fn run(opts: UpOptions) -> Result<()> {
                     }
                     flushed += buf[..n]
                         .iter()
-                        .filter(|w| w.status == crate::engine::WcStatus::WrFlushErr)
+                        .filter(|w| w.status == crate::transport::WcStatus::WrFlushErr)
                         .count();
                 }
             }
@@ -423,7 +328,7 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
             let xdp = {
                 let x = ctl.xdp.lock().map_err(|_| anyhow!("lock"))?;
                 let s = x.stats()?;
-                let names = crate::xdp::stat_names();
+                let names = crate::io::xdp::stat_names();
                 let mut m = serde_json::Map::new();
                 for (i, v) in s.iter().enumerate() {
                     m.insert(names[i].to_string(), json!(v));
@@ -642,7 +547,7 @@ async fn connect_local(
         x.set_live_qp(
             qpn,
             rdma_common::LiveQp {
-                peer_gid: crate::datapath::gid_of(path.peer_ip),
+                peer_gid: crate::device::datapath::gid_of(path.peer_ip),
                 peer_sport: crate::wire::udp_sport_for_qps(remote_qpn, qpn).to_be_bytes(),
                 connected: 1,
                 _pad: 0,
@@ -757,7 +662,7 @@ async fn serve_peer(ctl: Arc<Ctl>, mut s: TcpStream, peer: SocketAddr) -> Result
     Ok(())
 }
 
-async fn post(ctl: &Arc<Ctl>, p: crate::proto::Post) -> Result<Value> {
+async fn post(ctl: &Arc<Ctl>, p: crate::control::proto::Post) -> Result<Value> {
     let wr_id = ctl.next_wr_id.fetch_add(1, Ordering::Relaxed);
     let op = p.op.clone();
     let local_key = parse_key(&p.key)?;
@@ -883,7 +788,7 @@ async fn wait_wcs(
         let fresh: Vec<Wc> = ctl
             .run(move |dp| {
                 let c = dp.core.cq_mut(cq).ok_or_else(|| anyhow!("CQ gone"))?;
-                let mut buf = [crate::standalone::NO_WC; 64];
+                let mut buf = [crate::device::standalone::NO_WC; 64];
                 let n = c.poll(&mut buf);
                 Ok(serde_json::to_value(
                     buf[..n].iter().map(WcJson::from).collect::<Vec<_>>(),
@@ -923,23 +828,4 @@ async fn wait_wcs(
         }
         tokio::time::sleep(Duration::from_micros(200)).await;
     }
-}
-
-pub fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-pub fn unhex(s: &str) -> Result<Vec<u8>> {
-    let t: String = s.chars().filter(|c| !c.is_whitespace()).collect();
-    let t = t.strip_prefix("0x").unwrap_or(&t);
-    if !t.len().is_multiple_of(2) {
-        bail!("hex data has an odd number of digits");
-    }
-    (0..t.len())
-        .step_by(2)
-        .map(|i| {
-            u8::from_str_radix(&t[i..i + 2], 16)
-                .map_err(|_| anyhow!("'{}' is not hex", &t[i..i + 2]))
-        })
-        .collect()
 }

@@ -15,12 +15,12 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::datapath::{gid_of, Backoff, Connect, Path};
-use crate::engine::{QpCap, RecvWr, SendWr, Sge, Wc, WcOpcode, WcStatus, WrOpcode};
-use crate::hostnet;
-use crate::mr::Access;
+use crate::device::datapath::{gid_of, Backoff, Connect, Path};
+use crate::device::standalone::{Device, NO_WC};
+use crate::io::hostnet;
+use crate::memory::Access;
 use crate::rng::Rng;
-use crate::standalone::{Device, NO_WC};
+use crate::transport::{QpCap, RecvWr, SendWr, Sge, Wc, WcOpcode, WcStatus, WrOpcode};
 
 /// WRITE/READ target area on the server.
 pub const AREA: usize = 1 << 20;
@@ -203,15 +203,15 @@ fn setup(
     prepare: impl FnOnce(&mut Device, u32, u64, u32) -> Result<()>,
 ) -> Result<Setup> {
     if let Some(c) = o.cpu {
-        crate::daemon::pin_to_cpu(c);
+        crate::device::runner::pin_to_cpu(c);
     }
-    let mut dev = Device::open(&o.iface, crate::xdp::XdpMode::Auto, true)?;
+    let mut dev = Device::open(&o.iface, crate::io::xdp::XdpMode::Auto, true)?;
     let pd = dev.dp.core.alloc_pd();
     let (addr, lkey, rkey) = dev.dp.core.reg_mr(pd, mr_len, Access::ALL)?;
     let cq = dev.dp.core.create_cq(8192)?;
     let qpn = dev.dp.core.create_qp(pd, cq, cap)?;
     let psn = dev.dp.core.random_psn();
-    let mut tcp = crate::bench::oob_connect(o.server, o.port, o.connect_timeout)?;
+    let mut tcp = crate::tools::bench::oob_connect(o.server, o.port, o.connect_timeout)?;
     tcp.set_nodelay(true)?;
     tcp.set_nonblocking(true)?;
     let mut lines = LineReader::default();
@@ -249,7 +249,7 @@ fn setup(
     }
     dev.dp
         .core
-        .modify_qp(qpn, &crate::engine::QpAttr::init(Access::ALL))?;
+        .modify_qp(qpn, &crate::transport::QpAttr::init(Access::ALL))?;
     prepare(&mut dev, qpn, addr, lkey)?;
     dev.dp.core.connect_qp(
         qpn,
