@@ -13,7 +13,7 @@ use anyhow::{anyhow, bail, Result};
 
 use crate::io::xsk::{SharedMem, Xsk};
 use crate::memory::{Access, Backing, MrTable};
-use crate::transport::{Nanos, Qp, QpAttr, QpCap, QpState, RecvWr, SendWr, Wc};
+use crate::transport::{Nanos, QpAttr, QpCap, QpEngine, QpState, RecvWr, SendWr, Wc};
 use crate::wire::{
     ipv4_mapped_gid, udp_sport_for_qps, EthernetRepr, IpRepr, Ipv4Repr, Ipv6Repr, RoceRepr,
     TransportRepr, UdpRepr, WireError, ETH_P_IPV4, ETH_P_IPV6, ICRC_LEN, IPPROTO_UDP,
@@ -90,15 +90,15 @@ pub fn gid_of(ip: IpAddr) -> [u8; 16] {
 
 /// A completion queue: a bounded ring. Overflow is counted and reported,
 /// never silent.
-pub struct Cq {
+pub struct CqRing {
     ring: VecDeque<Wc>,
     depth: usize,
     pub overflows: u64,
 }
 
-impl Cq {
-    pub fn new(depth: usize) -> Cq {
-        Cq {
+impl CqRing {
+    pub fn new(depth: usize) -> CqRing {
+        CqRing {
             ring: VecDeque::with_capacity(depth),
             depth,
             overflows: 0,
@@ -128,7 +128,7 @@ impl Cq {
 }
 
 struct QpSlot {
-    qp: Qp,
+    qp: QpEngine,
     cq: u32,
     net: Option<RoceRepr>,
     path: Option<Path>,
@@ -224,7 +224,7 @@ pub struct Core {
     pub mem: MrTable,
     mr_backing: HashMap<u32, SharedMem>,
     qps: crate::memory::KeyMap<QpSlot>,
-    cqs: HashMap<u32, Cq>,
+    cqs: HashMap<u32, CqRing>,
     next_qpn: u32,
     next_cq: u32,
     next_pd: u32,
@@ -326,11 +326,11 @@ impl Core {
         }
         let id = self.next_cq;
         self.next_cq += 1;
-        self.cqs.insert(id, Cq::new(depth.max(1)));
+        self.cqs.insert(id, CqRing::new(depth.max(1)));
         Ok(id)
     }
 
-    pub fn cq_mut(&mut self, cq: u32) -> Option<&mut Cq> {
+    pub fn cq_mut(&mut self, cq: u32) -> Option<&mut CqRing> {
         self.cqs.get_mut(&cq)
     }
 
@@ -355,7 +355,7 @@ impl Core {
         self.qps.insert(
             qpn,
             QpSlot {
-                qp: Qp::new(qpn, pd, cap),
+                qp: QpEngine::new(qpn, pd, cap),
                 cq,
                 net: None,
                 path: None,
@@ -384,7 +384,7 @@ impl Core {
         Ok(())
     }
 
-    pub fn qp(&self, qpn: u32) -> Option<&Qp> {
+    pub fn qp(&self, qpn: u32) -> Option<&QpEngine> {
         self.qps.get(&qpn).map(|s| &s.qp)
     }
 
@@ -499,7 +499,7 @@ impl Core {
         Self::drain_wcs(slot, &mut self.cqs, &mut self.stats);
     }
 
-    fn drain_wcs(slot: &mut QpSlot, cqs: &mut HashMap<u32, Cq>, stats: &mut DpStats) {
+    fn drain_wcs(slot: &mut QpSlot, cqs: &mut HashMap<u32, CqRing>, stats: &mut DpStats) {
         while let Some(wc) = slot.qp.poll_completion() {
             match cqs.get_mut(&slot.cq) {
                 Some(cq) => {

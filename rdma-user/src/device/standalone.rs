@@ -12,7 +12,7 @@ use crate::io::xdp::{XdpMode, XdpProgram};
 use crate::io::xsk::{rx_queues, Xsk, XskConfig};
 use crate::transport::{Wc, WcOpcode, WcStatus};
 
-pub struct Device {
+pub struct Standalone {
     pub dp: DataPath,
     pub xdp: XdpProgram,
     pub iface: String,
@@ -30,13 +30,13 @@ pub const NO_WC: Wc = Wc {
 };
 
 /// What keeps a device's XDP program attached and its interface locked
-/// while its data path runs elsewhere (see [`Device::split`]).
+/// while its data path runs elsewhere (see [`Standalone::split`]).
 pub struct Attachment {
     pub xdp: XdpProgram,
     _lock: File,
 }
 
-impl Device {
+impl Standalone {
     /// The data path, to move to a thread of its own, and the attachment
     /// to keep alive meanwhile (dropping it detaches XDP).
     pub fn split(self) -> (DataPath, Attachment) {
@@ -49,7 +49,7 @@ impl Device {
         )
     }
 
-    pub fn open(iface: &str, mode: XdpMode, multi_buffer: bool) -> Result<Device> {
+    pub fn open(iface: &str, mode: XdpMode, multi_buffer: bool) -> Result<Standalone> {
         let lock = crate::device::runner::take_lock(iface)?;
         crate::device::runner::clean_stale(iface);
         let mut xdp = XdpProgram::attach(iface, mode)?;
@@ -67,7 +67,7 @@ impl Device {
             xdp.set_socket(q, x.fd())?;
             xsks.push(x);
         }
-        Ok(Device {
+        Ok(Standalone {
             dp: DataPath::new(xsks, Limits::default()),
             xdp,
             iface: iface.to_string(),

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use crate::device::datapath::Path;
-use crate::device::standalone::Device;
+use crate::device::standalone::Standalone;
 use crate::io::hostnet;
 use crate::tools::bench::{lat_record, Record};
 use crate::wire::{opcode, BthRepr, DethRepr, RoceRepr, TransportRepr, ICRC_LEN, MASK_24};
@@ -274,7 +274,7 @@ fn raw_frame(path: &Path, size: usize, psn: u32) -> Result<Vec<u8>> {
 
 fn afxdp(o: &Options) -> Result<Option<Record>> {
     let ping = o.kind == Kind::AfxdpPingpong;
-    let mut dev = Device::open(&o.iface, crate::io::xdp::XdpMode::Auto, true)?;
+    let mut dev = Standalone::open(&o.iface, crate::io::xdp::XdpMode::Auto, true)?;
     let local_mac = dev.mac;
     let x = &mut dev.dp.xsks[0];
     match o.server {
@@ -417,10 +417,10 @@ pub fn engine_pps(writes: u64, framing: bool) -> Result<(f64, f64)> {
     use crate::memory::{Access, MrTable};
     use crate::transport::*;
     use std::net::Ipv4Addr;
-    let mk = |qpn: u32, rqpn: u32, seed: u64| -> Result<(Qp, MrTable, RoceRepr)> {
+    let mk = |qpn: u32, rqpn: u32, seed: u64| -> Result<(QpEngine, MrTable, RoceRepr)> {
         let mut mem = MrTable::new(4, seed);
         mem.register_heap(1, 1 << 16, 0x10000, Access::ALL)?;
-        let mut q = Qp::new(
+        let mut q = QpEngine::new(
             qpn,
             1,
             QpCap {
@@ -506,10 +506,10 @@ pub fn engine_pps(writes: u64, framing: bool) -> Result<(f64, f64)> {
 /// the parser and into `dst`; returns how many.
 fn pump(
     now: u64,
-    src: &mut crate::transport::Qp,
+    src: &mut crate::transport::QpEngine,
     smem: &crate::memory::MrTable,
     snet: Option<&RoceRepr>,
-    dst: &mut crate::transport::Qp,
+    dst: &mut crate::transport::QpEngine,
     dmem: &mut crate::memory::MrTable,
     frame: &mut [u8],
 ) -> Result<u64> {

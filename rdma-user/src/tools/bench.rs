@@ -12,7 +12,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 
 use crate::device::datapath::{gid_of, gid_to_ip, Connect, Path};
-use crate::device::standalone::{Device, NO_WC};
+use crate::device::standalone::{Standalone, NO_WC};
 use crate::io::hostnet;
 use crate::memory::Access;
 use crate::transport::{QpAttr, QpCap, RecvWr, SendWr, Sge, WcOpcode, WcStatus, WrOpcode};
@@ -186,7 +186,12 @@ struct Oob {
 }
 
 impl Oob {
-    fn read_polling(&mut self, dev: &mut Device, buf: &mut [u8], timeout: Duration) -> Result<()> {
+    fn read_polling(
+        &mut self,
+        dev: &mut Standalone,
+        buf: &mut [u8],
+        timeout: Duration,
+    ) -> Result<()> {
         self.s.set_nonblocking(true)?;
         let start = Instant::now();
         let mut got = 0;
@@ -208,7 +213,7 @@ impl Oob {
     }
 
     /// One symmetric exchange: the client writes first, the server reads first.
-    fn xchg(&mut self, dev: &mut Device, ours: &[u8], timeout: Duration) -> Result<Vec<u8>> {
+    fn xchg(&mut self, dev: &mut Standalone, ours: &[u8], timeout: Duration) -> Result<Vec<u8>> {
         let mut theirs = vec![0u8; ours.len()];
         if self.client {
             self.s.write_all(ours)?;
@@ -276,7 +281,7 @@ pub fn run(o: Options) -> Result<Vec<Record>> {
     if nqp > 1 && o.test.is_lat() {
         bail!("-q {nqp}: latency tests run on one QP (as perftest's do); use -q with *-bw tests");
     }
-    let mut dev = Device::open(&o.iface, crate::io::xdp::XdpMode::Auto, true)?;
+    let mut dev = Standalone::open(&o.iface, crate::io::xdp::XdpMode::Auto, true)?;
     let timeout = Duration::from_secs(o.connect_timeout);
     // perftest's buffer: one slot per QP to send from, then one per QP for
     // the peer to target (BUFF_SIZE each).
@@ -569,7 +574,7 @@ impl QpCtx {
     }
 
     /// One receive into the slot the peer targets.
-    fn post_recv(&self, dev: &mut Device) -> Result<()> {
+    fn post_recv(&self, dev: &mut Standalone) -> Result<()> {
         dev.dp.core.post_recv(
             self.qpn,
             &RecvWr {
@@ -603,7 +608,7 @@ pub fn lat_record(test: &str, bytes: usize, mut us: Vec<f64>) -> Record {
     }
 }
 
-fn wait_wc(dev: &mut Device, cq: u32, want: WcOpcode, timeout: Duration) -> Result<()> {
+fn wait_wc(dev: &mut Standalone, cq: u32, want: WcOpcode, timeout: Duration) -> Result<()> {
     let start = Instant::now();
     loop {
         dev.dp.poll();
@@ -679,7 +684,7 @@ fn done(o: &Options, n: u64, start: Instant) -> bool {
 /// write_lat / send_lat: both sides ping-pong, in perftest's loop order;
 /// latency is half the time between one's consecutive sends (RTT/2), as
 /// perftest defines it.
-fn pingpong(dev: &mut Device, c: &Ctx, o: &Options, size: usize) -> Result<Record> {
+fn pingpong(dev: &mut Standalone, c: &Ctx, o: &Options, size: usize) -> Result<Record> {
     // perftest's send_lat lets the client send first (the server waits for
     // a RECV), but its write_lat lets the server write first
     // (run_iter_lat_write skips the first poll on the SERVER). Both sides
@@ -753,7 +758,7 @@ fn pingpong(dev: &mut Device, c: &Ctx, o: &Options, size: usize) -> Result<Recor
 }
 
 /// read_lat / atomic_lat (client): one operation at a time, full round trip.
-fn one_sided_lat(dev: &mut Device, c: &Ctx, o: &Options, size: usize) -> Result<Record> {
+fn one_sided_lat(dev: &mut Standalone, c: &Ctx, o: &Options, size: usize) -> Result<Record> {
     let atomic = o.test == Test::AtomicLat;
     let len = if atomic { 8 } else { size as u32 };
     let q = &c.qps[0];
@@ -802,7 +807,7 @@ fn one_sided_lat(dev: &mut Device, c: &Ctx, o: &Options, size: usize) -> Result<
 /// write_bw / read_bw / send_bw: keep `tx_depth` operations outstanding on
 /// every QP (`iters` messages each, as perftest's -q). The receiving side of
 /// send_bw counts receives instead.
-fn stream(dev: &mut Device, c: &Ctx, o: &Options, size: usize, client: bool) -> Result<Record> {
+fn stream(dev: &mut Standalone, c: &Ctx, o: &Options, size: usize, client: bool) -> Result<Record> {
     let nqp = c.qps.len();
     let sgs: Vec<[Sge; 1]> = c
         .qps

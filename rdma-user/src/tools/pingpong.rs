@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 
 use crate::device::datapath::{gid_of, gid_to_ip, Connect, Path};
-use crate::device::standalone::{Device, NO_WC};
+use crate::device::standalone::{Standalone, NO_WC};
 use crate::io::hostnet;
 use crate::memory::Access;
 use crate::transport::{QpAttr, QpCap, RecvWr, SendWr, Sge, WcStatus, WrOpcode};
@@ -53,7 +53,7 @@ fn parse_dest(msg: &[u8]) -> Result<(u32, u32, [u8; 16])> {
     Ok((qpn, psn, gid))
 }
 
-fn diag(dev: &Device, qpn: u32) -> String {
+fn diag(dev: &Standalone, qpn: u32) -> String {
     format!(
         "{}; {:?}; {}; {:?}",
         dev.dp.xsks[0].debug_state(),
@@ -68,7 +68,7 @@ fn diag(dev: &Device, qpn: u32) -> String {
 }
 
 pub fn run(o: Options) -> Result<()> {
-    let mut dev = Device::open(&o.iface, crate::io::xdp::XdpMode::Auto, true)?;
+    let mut dev = Standalone::open(&o.iface, crate::io::xdp::XdpMode::Auto, true)?;
     let pd = dev.dp.core.alloc_pd();
     let (addr, lkey, _) = dev.dp.core.reg_mr(pd, o.size.max(1), Access::LOCAL_WRITE)?;
     {
@@ -93,7 +93,7 @@ pub fn run(o: Options) -> Result<()> {
         lkey,
     }];
     // rc_pingpong keeps rx_depth receives posted, refilling when one is left.
-    let refill = |dev: &mut Device, routs: &mut u32| -> Result<()> {
+    let refill = |dev: &mut Standalone, routs: &mut u32| -> Result<()> {
         while *routs < o.rx_depth {
             dev.dp.core.post_recv(
                 qpn,
@@ -197,7 +197,7 @@ pub fn run(o: Options) -> Result<()> {
 
     let start = Instant::now();
     let mut pending = RECV_WRID;
-    let post_send = |dev: &mut Device| -> Result<()> {
+    let post_send = |dev: &mut Standalone| -> Result<()> {
         let mut wr = SendWr::new(SEND_WRID, WrOpcode::Send, &sg);
         wr.flags.signaled = true;
         dev.dp.core.post_send(qpn, &wr)

@@ -16,7 +16,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::device::datapath::{gid_of, Backoff, Connect, Path};
-use crate::device::standalone::{Device, NO_WC};
+use crate::device::standalone::{Standalone, NO_WC};
 use crate::io::hostnet;
 use crate::memory::Access;
 use crate::rng::Rng;
@@ -147,7 +147,7 @@ impl LineReader {
 fn read_line_polling(
     s: &mut TcpStream,
     lines: &mut LineReader,
-    dev: &mut Device,
+    dev: &mut Standalone,
     backoff: &mut Backoff,
     timeout: Duration,
 ) -> Result<String> {
@@ -181,7 +181,7 @@ fn send_payload(seed: u64, seq: u64, out: &mut [u8]) {
 }
 
 struct Setup {
-    dev: Device,
+    dev: Standalone,
     qpn: u32,
     cq: u32,
     addr: u64,
@@ -200,12 +200,12 @@ fn setup(
     o: &Options,
     mr_len: usize,
     cap: QpCap,
-    prepare: impl FnOnce(&mut Device, u32, u64, u32) -> Result<()>,
+    prepare: impl FnOnce(&mut Standalone, u32, u64, u32) -> Result<()>,
 ) -> Result<Setup> {
     if let Some(c) = o.cpu {
         crate::device::runner::pin_to_cpu(c);
     }
-    let mut dev = Device::open(&o.iface, crate::io::xdp::XdpMode::Auto, true)?;
+    let mut dev = Standalone::open(&o.iface, crate::io::xdp::XdpMode::Auto, true)?;
     let pd = dev.dp.core.alloc_pd();
     let (addr, lkey, rkey) = dev.dp.core.reg_mr(pd, mr_len, Access::ALL)?;
     let cq = dev.dp.core.create_cq(8192)?;
@@ -702,7 +702,7 @@ pub fn run(o: &Options) -> Result<Report> {
     Ok(rep)
 }
 
-fn wait_ok(dev: &mut Device, cq: u32, timeout: Duration) -> Result<bool> {
+fn wait_ok(dev: &mut Standalone, cq: u32, timeout: Duration) -> Result<bool> {
     let wc: Wc = dev
         .wait_wc(cq, timeout)
         .map_err(|e| anyhow!("final read-back: {e}"))?;

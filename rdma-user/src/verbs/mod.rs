@@ -7,7 +7,7 @@
 //! sleeping when idle. Every call below is a job that thread runs between
 //! two polls (one channel hop, no lock on the data path); completions are
 //! polled in batches. For the lowest latency from a single thread, drive a
-//! [`crate::device::standalone::Device`] directly instead.
+//! [`crate::device::standalone::Standalone`] directly instead.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -17,7 +17,7 @@ use anyhow::{anyhow, Context as _, Result};
 
 use crate::device::datapath::{Connect, DataPath, Path};
 use crate::device::runner::{data_path_loop, Job};
-use crate::device::standalone::{Attachment, Device};
+use crate::device::standalone::{Attachment, Standalone};
 use crate::io::xdp::XdpMode;
 use crate::memory::Access;
 use crate::transport::{QpAttr, QpCap, QpState, RecvWr, SendFlags, SendWr, Sge, Wc, WrOpcode};
@@ -76,7 +76,7 @@ impl Context {
     /// Opens `iface`: attaches the XDP program, opens an AF_XDP socket per
     /// RX queue and starts the data path thread.
     pub fn open(iface: &str, opts: ContextOptions) -> Result<Context> {
-        let dev = Device::open(iface, XdpMode::Auto, true)?;
+        let dev = Standalone::open(iface, XdpMode::Auto, true)?;
         let mac = dev.mac;
         let (dp, attachment) = dev.split();
         let stop = Arc::new(AtomicBool::new(false));

@@ -48,7 +48,7 @@ pub const MR_LEN: usize = 32 * 1024 + 64;
 pub const LOCAL_LEN: usize = 2 * 1024 * 1024;
 
 pub struct Node {
-    pub qp: Qp,
+    pub qp: QpEngine,
     pub mem: MrTable,
     pub mr_lkey: u32,
     pub mr_rkey: u32,
@@ -98,7 +98,7 @@ impl Node {
             transport: TransportRepr::default(),
         };
         Node {
-            qp: Qp::new(
+            qp: QpEngine::new(
                 qpn,
                 PD,
                 QpCap {

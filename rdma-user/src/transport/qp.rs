@@ -1,0 +1,595 @@
+//! The queue pair itself: attributes, the state machine of `ibv_modify_qp`,
+//! queue sizes and counters, and the two entry points that hand packets and
+//! transmit opportunities to the roles. It must not hold role logic: what a
+//! packet does belongs to the requester, responder or completer.
+
+use super::*;
+use std::fmt;
+
+pub const MAX_RD_ATOMIC: u8 = 16;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QpState {
+    Reset,
+    Init,
+    Rtr,
+    Rts,
+    Sqd,
+    Sqe,
+    Err,
+}
+
+impl fmt::Display for QpState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            QpState::Reset => "RESET",
+            QpState::Init => "INIT",
+            QpState::Rtr => "RTR",
+            QpState::Rts => "RTS",
+            QpState::Sqd => "SQD",
+            QpState::Sqe => "SQE",
+            QpState::Err => "ERR",
+        })
+    }
+}
+
+/// Attributes for [`QpEngine::modify`]; `Some` means "in the attribute mask", as
+/// with `ibv_modify_qp`.
+#[derive(Debug, Clone, Default)]
+pub struct QpAttr {
+    pub qp_state: Option<QpState>,
+    pub pkey_index: Option<u16>,
+    pub port_num: Option<u8>,
+    pub qp_access_flags: Option<Access>,
+    /// Destination GID of the address vector; the engine keeps it for the
+    /// driver, which builds the IP/UDP headers.
+    pub dest_gid: Option<[u8; 16]>,
+    /// Path MTU in bytes: 256, 512, 1024, 2048 or 4096.
+    pub path_mtu: Option<u32>,
+    pub dest_qp_num: Option<u32>,
+    pub rq_psn: Option<u32>,
+    pub max_dest_rd_atomic: Option<u8>,
+    pub min_rnr_timer: Option<u8>,
+    pub sq_psn: Option<u32>,
+    pub timeout: Option<u8>,
+    pub retry_cnt: Option<u8>,
+    pub rnr_retry: Option<u8>,
+    pub max_rd_atomic: Option<u8>,
+}
+
+impl QpAttr {
+    /// RESET -> INIT with P_Key index 0 on port 1, the usual first step.
+    pub fn init(access: Access) -> QpAttr {
+        QpAttr {
+            qp_state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port_num: Some(1),
+            qp_access_flags: Some(access),
+            ..Default::default()
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModifyError {
+    /// The state machine has no edge from `from` to `to`.
+    InvalidTransition { from: QpState, to: QpState },
+    /// A required attribute of this transition is missing.
+    MissingAttr {
+        from: QpState,
+        to: QpState,
+        attr: &'static str,
+    },
+    /// An attribute that this transition may not change was given.
+    UnexpectedAttr {
+        from: QpState,
+        to: QpState,
+        attr: &'static str,
+    },
+    /// An attribute value is out of range.
+    BadValue {
+        attr: &'static str,
+        why: &'static str,
+    },
+}
+
+impl fmt::Display for ModifyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ModifyError::InvalidTransition { from, to } => {
+                write!(f, "invalid QP state transition {from} -> {to}")
+            }
+            ModifyError::MissingAttr { from, to, attr } => {
+                write!(f, "{from} -> {to} requires attribute {attr}")
+            }
+            ModifyError::UnexpectedAttr { from, to, attr } => {
+                write!(f, "{from} -> {to} does not allow attribute {attr}")
+            }
+            ModifyError::BadValue { attr, why } => write!(f, "bad value for {attr}: {why}"),
+        }
+    }
+}
+impl std::error::Error for ModifyError {}
+
+/// Per-QP counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QpStats {
+    pub tx_packets: u64,
+    pub rx_packets: u64,
+    /// Request packets sent again (go-back-N after a timeout or NAK).
+    pub retransmits: u64,
+    pub timeouts: u64,
+    pub seq_naks_sent: u64,
+    pub seq_naks_received: u64,
+    pub rnr_naks_sent: u64,
+    pub rnr_naks_received: u64,
+    pub duplicates_received: u64,
+    pub out_of_sequence_received: u64,
+    pub acks_sent: u64,
+    /// Protocol violations that made us NAK or drop (bad opcode sequence,
+    /// bad lengths, access errors).
+    pub errors: u64,
+    /// Packets dropped without an answer (wrong state, ghost ACKs, stale
+    /// responses).
+    pub dropped: u64,
+}
+
+/// One queue pair: its attributes and state machine here, and the state of
+/// each role beside it, as rxe keeps `qp->req`, `qp->resp` and `qp->comp`.
+pub struct QpEngine {
+    pub(super) qpn: u32,
+    pub(super) pd: u32,
+    pub(super) state: QpState,
+    pub(super) cap_send: usize,
+    pub(super) cap_recv: usize,
+    // Attributes.
+    pub(super) pkey: u16,
+    pub(super) access: Access,
+    pub(super) dest_gid: [u8; 16],
+    pub(super) mtu: u32,
+    pub(super) dest_qpn: u32,
+    pub(super) timeout: u8,
+    pub(super) retry_cnt: u8,
+    pub(super) rnr_retry: u8,
+    pub(super) min_rnr_timer: u8,
+    pub(super) max_rd_atomic: u8,
+    pub(super) max_dest_rd_atomic: u8,
+    pub(super) req: Requester,
+    pub(super) comp: Completer,
+    pub(super) resp: Responder,
+    // Output.
+    pub(super) completions: VecDeque<Wc>,
+    pub(super) stats: QpStats,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct QpCap {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+}
+
+impl Default for QpCap {
+    fn default() -> Self {
+        QpCap {
+            max_send_wr: 256,
+            max_recv_wr: 256,
+        }
+    }
+}
+
+fn mtu_ok(m: u32) -> bool {
+    matches!(m, 256 | 512 | 1024 | 2048 | 4096)
+}
+
+impl QpEngine {
+    pub fn new(qpn: u32, pd: u32, cap: QpCap) -> QpEngine {
+        let cap_send = cap.max_send_wr.max(1) as usize;
+        let cap_recv = cap.max_recv_wr.max(1) as usize;
+        QpEngine {
+            qpn: qpn & MASK_24,
+            pd,
+            state: QpState::Reset,
+            cap_send,
+            cap_recv,
+            pkey: 0xffff,
+            access: Access(0),
+            dest_gid: [0; 16],
+            mtu: 1024,
+            dest_qpn: 0,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            max_rd_atomic: 1,
+            max_dest_rd_atomic: 1,
+            req: Requester::new(cap_send),
+            comp: Completer::new(),
+            resp: Responder::new(cap_recv),
+            completions: VecDeque::with_capacity(cap_send + cap_recv),
+            stats: QpStats::default(),
+        }
+    }
+
+    /// Packets a message of `len` bytes takes (at least one). The MTU is a
+    /// power of two: a shift, not a division, per message.
+    pub(super) fn packets_for(&self, len: u32) -> u32 {
+        let shift = self.mtu.trailing_zeros();
+        (((len as u64 + self.mtu as u64 - 1) >> shift) as u32).max(1)
+    }
+
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    pub fn pd(&self) -> u32 {
+        self.pd
+    }
+
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+
+    pub fn stats(&self) -> QpStats {
+        self.stats
+    }
+
+    pub fn dest_qpn(&self) -> u32 {
+        self.dest_qpn
+    }
+
+    pub fn dest_gid(&self) -> [u8; 16] {
+        self.dest_gid
+    }
+
+    pub fn path_mtu(&self) -> u32 {
+        self.mtu
+    }
+
+    /// Next PSN the requester will assign.
+    pub fn sq_psn(&self) -> u32 {
+        self.req.next_psn
+    }
+
+    /// PSN the responder expects next.
+    pub fn rq_psn(&self) -> u32 {
+        self.resp.epsn
+    }
+
+    /// One line of requester/responder internals, for traces.
+    pub fn debug_state(&self) -> String {
+        let head: Vec<String> = self
+            .req
+            .sq
+            .iter()
+            .take(4)
+            .map(|w| {
+                format!(
+                    "{:?}@{:06x}+{}{}{}",
+                    w.opcode,
+                    w.first_psn,
+                    w.npkts,
+                    if w.started { "s" } else { "" },
+                    if w.done { "d" } else { "" }
+                )
+            })
+            .collect();
+        format!(
+            "cur={} cur_psn={:06x} next={:06x} max_sent={:06x} inflight={} retry={} rnr_until={:?} rto={:?} nak_rw={:?} sq=[{}] resp_q={}",
+            self.req.cur,
+            self.req.cur_psn,
+            self.req.next_psn,
+            self.req.max_sent_psn,
+            self.req.rd_atomic_inflight,
+            self.comp.retry_left,
+            self.comp.rnr_until,
+            self.comp.rto_deadline,
+            self.comp.nak_rewind_psn,
+            head.join(" "),
+            self.resp.resp_q.len()
+        )
+    }
+
+    /// Messages the responder has completed (24-bit, wraps).
+    pub fn msn(&self) -> u32 {
+        self.resp.msn
+    }
+
+    pub fn send_queue_len(&self) -> usize {
+        self.req.sq.len()
+    }
+
+    pub fn recv_queue_len(&self) -> usize {
+        self.resp.rq.len()
+    }
+
+    /// Largest transport segment (BTH through pad, without ICRC) this QP
+    /// emits: the buffer handed to [`QpEngine::poll_transmit`] must be this long.
+    pub fn max_segment_len(&self) -> usize {
+        12 + 28 + 4096 + 4
+    }
+
+    /// `ibv_modify_qp` for an RC QP, with the IBA's per-transition required
+    /// and optional attributes.
+    pub fn modify(&mut self, a: &QpAttr) -> Result<(), ModifyError> {
+        use QpState::{Init, Reset, Rtr, Rts, Sqd, Sqe};
+        let from = self.state;
+        let to = a.qp_state.unwrap_or(from);
+        // (name, present) of every attribute, for the required/allowed checks.
+        let present: [(&'static str, bool); 14] = [
+            ("pkey_index", a.pkey_index.is_some()),
+            ("port_num", a.port_num.is_some()),
+            ("qp_access_flags", a.qp_access_flags.is_some()),
+            ("av", a.dest_gid.is_some()),
+            ("path_mtu", a.path_mtu.is_some()),
+            ("dest_qp_num", a.dest_qp_num.is_some()),
+            ("rq_psn", a.rq_psn.is_some()),
+            ("max_dest_rd_atomic", a.max_dest_rd_atomic.is_some()),
+            ("min_rnr_timer", a.min_rnr_timer.is_some()),
+            ("sq_psn", a.sq_psn.is_some()),
+            ("timeout", a.timeout.is_some()),
+            ("retry_cnt", a.retry_cnt.is_some()),
+            ("rnr_retry", a.rnr_retry.is_some()),
+            ("max_rd_atomic", a.max_rd_atomic.is_some()),
+        ];
+        let (required, optional): (&[&str], &[&str]) = match (from, to) {
+            (_, Reset) | (_, QpState::Err) => (&[], &[]),
+            (Reset, Init) => (&["pkey_index", "port_num", "qp_access_flags"], &[]),
+            (Init, Init) => (&[], &["pkey_index", "port_num", "qp_access_flags"]),
+            (Init, Rtr) => (
+                &[
+                    "av",
+                    "path_mtu",
+                    "dest_qp_num",
+                    "rq_psn",
+                    "max_dest_rd_atomic",
+                    "min_rnr_timer",
+                ],
+                &["pkey_index", "qp_access_flags"],
+            ),
+            (Rtr, Rts) => (
+                &[
+                    "sq_psn",
+                    "timeout",
+                    "retry_cnt",
+                    "rnr_retry",
+                    "max_rd_atomic",
+                ],
+                &["qp_access_flags", "min_rnr_timer"],
+            ),
+            (Rts, Rts) | (Sqd, Rts) | (Sqe, Rts) => (&[], &["qp_access_flags", "min_rnr_timer"]),
+            (Rts, Sqd) => (&[], &[]),
+            (Sqd, Sqd) => (
+                &[],
+                &[
+                    "qp_access_flags",
+                    "min_rnr_timer",
+                    "av",
+                    "path_mtu",
+                    "timeout",
+                    "retry_cnt",
+                    "rnr_retry",
+                    "max_rd_atomic",
+                    "max_dest_rd_atomic",
+                ],
+            ),
+            _ => return Err(ModifyError::InvalidTransition { from, to }),
+        };
+        for &(name, set) in &present {
+            if set && !required.contains(&name) && !optional.contains(&name) {
+                return Err(ModifyError::UnexpectedAttr {
+                    from,
+                    to,
+                    attr: name,
+                });
+            }
+            if !set && required.contains(&name) {
+                return Err(ModifyError::MissingAttr {
+                    from,
+                    to,
+                    attr: name,
+                });
+            }
+        }
+        // Values.
+        let bad = |attr, why| Err(ModifyError::BadValue { attr, why });
+        if a.path_mtu.is_some_and(|m| !mtu_ok(m)) {
+            return bad("path_mtu", "must be 256, 512, 1024, 2048 or 4096");
+        }
+        if a.dest_qp_num.is_some_and(|q| q > MASK_24) {
+            return bad("dest_qp_num", "must fit in 24 bits");
+        }
+        if a.rq_psn.is_some_and(|p| p > MASK_24) {
+            return bad("rq_psn", "must fit in 24 bits");
+        }
+        if a.sq_psn.is_some_and(|p| p > MASK_24) {
+            return bad("sq_psn", "must fit in 24 bits");
+        }
+        if a.timeout.is_some_and(|t| t > 31) {
+            return bad("timeout", "must be 0..=31");
+        }
+        if a.min_rnr_timer.is_some_and(|t| t > 31) {
+            return bad("min_rnr_timer", "must be 0..=31");
+        }
+        if a.retry_cnt.is_some_and(|t| t > 7) {
+            return bad("retry_cnt", "must be 0..=7");
+        }
+        if a.rnr_retry.is_some_and(|t| t > 7) {
+            return bad("rnr_retry", "must be 0..=7");
+        }
+        if a.max_rd_atomic.is_some_and(|t| t > MAX_RD_ATOMIC) {
+            return bad("max_rd_atomic", "must be 0..=16");
+        }
+        if a.max_dest_rd_atomic.is_some_and(|t| t > MAX_RD_ATOMIC) {
+            return bad("max_dest_rd_atomic", "must be 0..=16");
+        }
+        if a.pkey_index.is_some_and(|i| i != 0) {
+            return bad("pkey_index", "only index 0 (P_Key 0xffff) exists");
+        }
+
+        if let Some(v) = a.qp_access_flags {
+            self.access = v;
+        }
+        if let Some(v) = a.dest_gid {
+            self.dest_gid = v;
+        }
+        if let Some(v) = a.path_mtu {
+            self.mtu = v;
+        }
+        if let Some(v) = a.dest_qp_num {
+            self.dest_qpn = v;
+        }
+        if let Some(v) = a.rq_psn {
+            self.resp.epsn = v;
+        }
+        if let Some(v) = a.max_dest_rd_atomic {
+            self.max_dest_rd_atomic = v;
+        }
+        if let Some(v) = a.min_rnr_timer {
+            self.min_rnr_timer = v;
+        }
+        if let Some(v) = a.sq_psn {
+            self.comp.acked_psn = psn_add(v, MASK_24);
+            self.req.next_psn = v;
+            self.req.cur_psn = v;
+            self.req.max_sent_psn = v;
+        }
+        if let Some(v) = a.timeout {
+            self.timeout = v;
+        }
+        if let Some(v) = a.retry_cnt {
+            self.retry_cnt = v;
+            self.comp.retry_left = v;
+        }
+        if let Some(v) = a.rnr_retry {
+            self.rnr_retry = v;
+            self.comp.rnr_left = v;
+        }
+        if let Some(v) = a.max_rd_atomic {
+            self.max_rd_atomic = v;
+        }
+        match to {
+            Reset => self.reset(),
+            QpState::Err => self.enter_error(),
+            _ => self.state = to,
+        }
+        Ok(())
+    }
+
+    pub(super) fn reset(&mut self) {
+        let (qpn, pd) = (self.qpn, self.pd);
+        let cap = QpCap {
+            max_send_wr: self.cap_send as u32,
+            max_recv_wr: self.cap_recv as u32,
+        };
+        *self = QpEngine::new(qpn, pd, cap);
+    }
+
+    /// Moves to ERR and flushes every outstanding work request.
+    pub(super) fn enter_error(&mut self) {
+        self.state = QpState::Err;
+        while let Some(w) = self.req.sq.pop_front() {
+            let status = if w.done {
+                w.status
+            } else {
+                WcStatus::WrFlushErr
+            };
+            self.push_send_wc(&w, status, true);
+        }
+        while let Some(r) = self.resp.rq.pop_front() {
+            self.completions.push_back(Wc {
+                wr_id: r.wr_id,
+                status: WcStatus::WrFlushErr,
+                opcode: WcOpcode::Recv,
+                byte_len: 0,
+                imm: None,
+                qp_num: self.qpn,
+            });
+        }
+        self.req.cur = 0;
+        self.req.rd_atomic_inflight = 0;
+        self.comp.rto_deadline = None;
+        self.comp.rnr_until = None;
+        self.resp.pending_ack = None;
+        // A fatal NAK already queued still goes out, so the peer learns why.
+        self.resp.resp_q.retain(|r| matches!(r, Resp::Nak { .. }));
+        self.resp.in_msg = InMsg::None;
+    }
+
+    pub fn poll_completion(&mut self) -> Option<Wc> {
+        self.completions.pop_front()
+    }
+
+    pub fn pending_completions(&self) -> usize {
+        self.completions.len()
+    }
+
+    /// Writes the next segment to send (BTH, extension headers, payload, pad;
+    /// the driver adds the network headers and ICRC) and returns its length.
+    /// Responses go first so the peer's requests are never starved.
+    pub fn poll_transmit(&mut self, now: Nanos, mem: &MrTable, buf: &mut [u8]) -> Option<usize> {
+        if buf.len() < self.max_segment_len() {
+            return None;
+        }
+        if let Some(n) = self.poll_response(mem, buf) {
+            self.stats.tx_packets += 1;
+            return Some(n);
+        }
+        let n = self.poll_request(now, mem, buf)?;
+        self.stats.tx_packets += 1;
+        Some(n)
+    }
+
+    pub(super) fn bth(&self, opc: u8, psn: u32, ack_req: bool) -> BthRepr {
+        BthRepr {
+            opcode: opc,
+            pkey: self.pkey,
+            dest_qpn: self.dest_qpn,
+            ack_req,
+            psn,
+            ..Default::default()
+        }
+    }
+
+    pub(super) fn emit(t: &TransportRepr, payload_len: usize, buf: &mut [u8]) -> usize {
+        // Cannot fail: buf is at least max_segment_len().
+        let hl = t.emit(buf, payload_len).unwrap_or(0);
+        let end = hl + payload_len;
+        let pad = pad_for(payload_len);
+        buf[end..end + pad].fill(0);
+        end + pad
+    }
+
+    /// Processes one received transport segment addressed to this QP. The
+    /// frame's ICRC and lengths have been checked by the parser; everything
+    /// the peer controls is checked here.
+    pub fn handle_packet(
+        &mut self,
+        now: Nanos,
+        t: &TransportRepr,
+        payload: &[u8],
+        mem: &mut MrTable,
+    ) {
+        self.stats.rx_packets += 1;
+        let flags = t.flags();
+        // RC only: UC/UD/CNP opcodes never reach an RC QP's state machine.
+        if t.bth.opcode >> 5 != 0 {
+            self.stats.dropped += 1;
+            return;
+        }
+        if flags & op::REQUEST != 0 {
+            match self.state {
+                QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe => {
+                    self.handle_request(t, flags, payload, mem)
+                }
+                _ => self.stats.dropped += 1,
+            }
+        } else {
+            match self.state {
+                QpState::Rts | QpState::Sqd | QpState::Sqe => {
+                    self.handle_response(now, t, flags, payload, mem)
+                }
+                _ => self.stats.dropped += 1,
+            }
+        }
+    }
+}

@@ -1,0 +1,676 @@
+//! The responder (rxe_resp.c): receive checks on every incoming request,
+//! execution into memory and RECV WQEs, ACK/NAK generation, READ responses,
+//! atomics, and replay of duplicates. It never touches the send queue.
+
+use super::*;
+
+/// Responses (READ, atomic, NAK) queued beyond the rd_atomic limit are
+/// replays of duplicates; past this many, duplicates are dropped.
+const RESP_QUEUE_CAP: usize = 2 * MAX_RD_ATOMIC as usize + 8;
+
+/// The responder's state: the receive queue, the expected PSN, the message
+/// in progress and the responses still to send.
+pub(super) struct Responder {
+    pub(super) rq: VecDeque<RecvWqe>,
+    pub(super) epsn: u32,
+    pub(super) msn: u32,
+    pub(super) in_msg: InMsg,
+    pub(super) nak_seq_sent: bool,
+    pub(super) pending_ack: Option<u32>,
+    pub(super) resp_q: VecDeque<Resp>,
+    pub(super) res: [RdAtomicRes; MAX_RD_ATOMIC as usize],
+    pub(super) res_next: usize,
+}
+
+impl Responder {
+    pub(super) fn new(cap_recv: usize) -> Responder {
+        Responder {
+            rq: VecDeque::with_capacity(cap_recv),
+            epsn: 0,
+            msn: 0,
+            in_msg: InMsg::None,
+            nak_seq_sent: false,
+            pending_ack: None,
+            resp_q: VecDeque::with_capacity(RESP_QUEUE_CAP),
+            res: [RdAtomicRes::default(); MAX_RD_ATOMIC as usize],
+            res_next: 0,
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+pub(super) struct RecvWqe {
+    pub(super) wr_id: u64,
+    pub(super) sges: [Sge; MAX_SGE],
+    pub(super) num_sge: u8,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum InMsg {
+    None,
+    /// A multi-packet SEND: bytes placed so far in the head RECV WQE.
+    Send {
+        offset: u32,
+    },
+    /// A multi-packet WRITE: its target and progress.
+    Write {
+        rkey: u32,
+        va: u64,
+        total: u32,
+        offset: u32,
+        imm: bool,
+    },
+}
+
+/// A saved READ or atomic request, for replaying duplicates.
+#[derive(Clone, Copy, Default)]
+pub(super) struct RdAtomicRes {
+    pub(super) valid: bool,
+    pub(super) atomic: bool,
+    pub(super) first_psn: u32,
+    pub(super) npkts: u32,
+    pub(super) orig: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Resp {
+    Read {
+        psn: u32,
+        last_psn: u32,
+        va: u64,
+        rkey: u32,
+        remaining: u32,
+        first: bool,
+        /// Re-execution of a duplicate; does not count against
+        /// max_dest_rd_atomic.
+        replay: bool,
+    },
+    AtomicAck {
+        psn: u32,
+        orig: u64,
+        replay: bool,
+    },
+    Nak {
+        psn: u32,
+        syndrome: u8,
+    },
+}
+
+impl QpEngine {
+    pub fn post_recv(&mut self, wr: &RecvWr) -> Result<(), PostError> {
+        match self.state {
+            QpState::Reset => return Err(PostError::BadState(QpState::Reset)),
+            QpState::Err => {
+                self.completions.push_back(Wc {
+                    wr_id: wr.wr_id,
+                    status: WcStatus::WrFlushErr,
+                    opcode: WcOpcode::Recv,
+                    byte_len: 0,
+                    imm: None,
+                    qp_num: self.qpn,
+                });
+                return Ok(());
+            }
+            _ => {}
+        }
+        if self.resp.rq.len() >= self.cap_recv {
+            return Err(PostError::QueueFull);
+        }
+        if wr.sg_list.len() > MAX_SGE {
+            return Err(PostError::TooManySge);
+        }
+        let mut r = RecvWqe {
+            wr_id: wr.wr_id,
+            sges: [Sge::default(); MAX_SGE],
+            num_sge: wr.sg_list.len() as u8,
+        };
+        r.sges[..wr.sg_list.len()].copy_from_slice(wr.sg_list);
+        self.resp.rq.push_back(r);
+        Ok(())
+    }
+
+    pub(super) fn poll_response(&mut self, mem: &MrTable, buf: &mut [u8]) -> Option<usize> {
+        if matches!(self.state, QpState::Reset | QpState::Init) {
+            return None;
+        }
+        if let Some(r) = self.resp.resp_q.front_mut() {
+            let mtu = self.mtu;
+            let msn = self.resp.msn;
+            let (t, payload, psn, finished) = match *r {
+                Resp::Nak { psn, syndrome } => {
+                    let mut t = TransportRepr::new(self.bth(opcode::RC_ACKNOWLEDGE, psn, false));
+                    t.aeth = Some(AethRepr { syndrome, msn });
+                    (t, None, psn, true)
+                }
+                Resp::AtomicAck { psn, orig, .. } => {
+                    let mut t =
+                        TransportRepr::new(self.bth(opcode::RC_ATOMIC_ACKNOWLEDGE, psn, false));
+                    t.aeth = Some(AethRepr {
+                        syndrome: syndrome::ACK_UNLIMITED,
+                        msn,
+                    });
+                    t.atomic_ack = Some(orig);
+                    (t, None, psn, true)
+                }
+                Resp::Read {
+                    ref mut psn,
+                    last_psn,
+                    ref mut va,
+                    rkey,
+                    ref mut remaining,
+                    ref mut first,
+                    ..
+                } => {
+                    let len = (*remaining).min(mtu);
+                    let last = *psn == last_psn;
+                    let opc = match (*first, last) {
+                        (true, true) => opcode::RC_RDMA_READ_RESPONSE_ONLY,
+                        (true, false) => opcode::RC_RDMA_READ_RESPONSE_FIRST,
+                        (false, true) => opcode::RC_RDMA_READ_RESPONSE_LAST,
+                        (false, false) => opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+                    };
+                    let this_psn = *psn;
+                    let src = (*va, rkey, len);
+                    *psn = psn_add(*psn, 1);
+                    *va = va.wrapping_add(len as u64);
+                    *remaining -= len;
+                    *first = false;
+                    let mut t = TransportRepr::new(self.bth(opc, this_psn, false));
+                    if flags_of(opc) & op::AETH != 0 {
+                        t.aeth = Some(AethRepr {
+                            syndrome: syndrome::ACK_UNLIMITED,
+                            msn,
+                        });
+                    }
+                    (t, Some(src), this_psn, last)
+                }
+            };
+            if finished {
+                self.resp.resp_q.pop_front();
+            }
+            let hl = t.header_len();
+            let plen = match payload {
+                Some((va, rkey, len)) => {
+                    // Checked when the request arrived; the MR can have been
+                    // deregistered since, so check again and send zeros rather
+                    // than touch memory that is gone.
+                    match mem.resolve(rkey, self.pd, va, len as u64, Access::REMOTE_READ) {
+                        Ok(r) => buf[hl..hl + len as usize].copy_from_slice(mem.slice(r)),
+                        Err(_) => buf[hl..hl + len as usize].fill(0),
+                    }
+                    len as usize
+                }
+                None => 0,
+            };
+            if self.resp.pending_ack.is_some_and(|a| psn_diff(a, psn) <= 0) {
+                self.resp.pending_ack = None;
+            }
+            return Some(Self::emit(&t, plen, buf));
+        }
+        if self.state == QpState::Err {
+            return None;
+        }
+        let psn = self.resp.pending_ack.take()?;
+        self.stats.acks_sent += 1;
+        let mut t = TransportRepr::new(self.bth(opcode::RC_ACKNOWLEDGE, psn, false));
+        t.aeth = Some(AethRepr {
+            syndrome: syndrome::ACK_UNLIMITED,
+            msn: self.resp.msn,
+        });
+        Some(Self::emit(&t, 0, buf))
+    }
+
+    /// Copies `data` into an SGE list at byte offset `off`.
+    pub(super) fn scatter(
+        sges: &[Sge],
+        mem: &mut MrTable,
+        pd: u32,
+        mut off: usize,
+        data: &[u8],
+    ) -> Result<(), WcStatus> {
+        let mut done = 0;
+        for s in sges {
+            if done == data.len() {
+                break;
+            }
+            let len = s.length as usize;
+            if off >= len {
+                off -= len;
+                continue;
+            }
+            let n = (len - off).min(data.len() - done);
+            let r = mem
+                .resolve_local(
+                    s.lkey,
+                    pd,
+                    s.addr + off as u64,
+                    n as u64,
+                    Access::LOCAL_WRITE,
+                )
+                .map_err(|_| WcStatus::LocProtErr)?;
+            mem.slice_mut(r).copy_from_slice(&data[done..done + n]);
+            done += n;
+            off = 0;
+        }
+        if done < data.len() {
+            return Err(WcStatus::LocLenErr);
+        }
+        Ok(())
+    }
+
+    /// Queues a response. New READ/atomic requests are bounded by
+    /// max_dest_rd_atomic before they get here; replays of duplicates are
+    /// dropped once the queue is long, so a peer cannot grow it.
+    pub(super) fn queue_resp(&mut self, r: Resp) {
+        let replay = matches!(
+            r,
+            Resp::Read { replay: true, .. } | Resp::AtomicAck { replay: true, .. }
+        );
+        if replay && self.resp.resp_q.len() >= RESP_QUEUE_CAP {
+            self.stats.dropped += 1;
+            return;
+        }
+        self.resp.resp_q.push_back(r);
+    }
+
+    /// A fatal responder error: NAK, then ERR (IBA 9.9.3 classes B-D, as rxe).
+    pub(super) fn responder_fatal(&mut self, psn: u32, code: u8, wc: Option<(u64, WcStatus)>) {
+        self.stats.errors += 1;
+        self.resp.resp_q.clear();
+        self.resp.resp_q.push_back(Resp::Nak {
+            psn,
+            syndrome: code,
+        });
+        if let Some((wr_id, status)) = wc {
+            // The RECV WQE that took the error completes with it.
+            self.resp.rq.pop_front();
+            self.completions.push_back(Wc {
+                wr_id,
+                status,
+                opcode: WcOpcode::Recv,
+                byte_len: 0,
+                imm: None,
+                qp_num: self.qpn,
+            });
+        }
+        self.enter_error();
+    }
+
+    pub(super) fn handle_request(
+        &mut self,
+        t: &TransportRepr,
+        flags: u32,
+        payload: &[u8],
+        mem: &mut MrTable,
+    ) {
+        let psn = t.bth.psn;
+        let d = psn_diff(psn, self.resp.epsn);
+        if d > 0 {
+            self.stats.out_of_sequence_received += 1;
+            if !self.resp.nak_seq_sent {
+                self.resp.nak_seq_sent = true;
+                self.stats.seq_naks_sent += 1;
+                let epsn = self.resp.epsn;
+                self.queue_resp(Resp::Nak {
+                    psn: epsn,
+                    syndrome: syndrome::NAK_PSN_SEQ,
+                });
+            }
+            return;
+        }
+        if d < 0 {
+            self.handle_duplicate(t, flags, psn, mem);
+            return;
+        }
+        self.resp.nak_seq_sent = false;
+        let plen = payload.len() as u32;
+        let pos = flags & (op::FIRST | op::MIDDLE | op::LAST);
+
+        // Opcode sequence: a message in progress must continue with its own
+        // kind; otherwise only a FIRST or ONLY may start one.
+        let continues = pos == op::MIDDLE || pos == op::LAST;
+        let seq_ok = match self.resp.in_msg {
+            InMsg::None => !continues,
+            InMsg::Send { .. } => continues && flags & op::SEND != 0,
+            InMsg::Write { .. } => continues && flags & op::WRITE != 0,
+        };
+        if !seq_ok {
+            return self.responder_fatal(psn, syndrome::NAK_INVALID_REQUEST, None);
+        }
+        // Payload sizes: FIRST and MIDDLE carry exactly one MTU, LAST and
+        // ONLY at most one (LAST at least one byte).
+        let len_ok = match pos {
+            p if p == op::FIRST || p == op::MIDDLE => plen == self.mtu,
+            p if p == op::LAST => plen >= 1 && plen <= self.mtu,
+            _ => plen <= self.mtu,
+        };
+        if !len_ok {
+            return self.responder_fatal(psn, syndrome::NAK_INVALID_REQUEST, None);
+        }
+        // A message longer than 2^31 is a length error before any key is
+        // looked at (IBA C9-92; rxe's check_length).
+        if t.reth
+            .is_some_and(|r| r.dma_len as u64 > crate::memory::MAX_MSG_LEN)
+        {
+            return self.responder_fatal(psn, syndrome::NAK_INVALID_REQUEST, None);
+        }
+
+        if flags & op::SEND != 0 {
+            if t.ieth.is_some() {
+                // No memory windows or invalidation here.
+                return self.responder_fatal(psn, syndrome::NAK_INVALID_REQUEST, None);
+            }
+            let offset = match self.resp.in_msg {
+                InMsg::Send { offset } => offset,
+                _ => 0,
+            };
+            let Some(r) = self.resp.rq.front().copied() else {
+                return self.rnr_nak(psn);
+            };
+            if let Err(st) = Self::scatter(
+                &r.sges[..r.num_sge as usize],
+                mem,
+                self.pd,
+                offset as usize,
+                payload,
+            ) {
+                let code = if st == WcStatus::LocLenErr {
+                    syndrome::NAK_INVALID_REQUEST
+                } else {
+                    syndrome::NAK_REMOTE_OPERATIONAL
+                };
+                let st = if st == WcStatus::LocProtErr {
+                    WcStatus::LocQpOpErr
+                } else {
+                    st
+                };
+                return self.responder_fatal(psn, code, Some((r.wr_id, st)));
+            }
+            if flags & op::LAST != 0 {
+                self.resp.rq.pop_front();
+                self.completions.push_back(Wc {
+                    wr_id: r.wr_id,
+                    status: WcStatus::Success,
+                    opcode: WcOpcode::Recv,
+                    byte_len: offset + plen,
+                    imm: t.imm,
+                    qp_num: self.qpn,
+                });
+                self.resp.in_msg = InMsg::None;
+                self.resp.msn = psn_add(self.resp.msn, 1);
+            } else {
+                self.resp.in_msg = InMsg::Send {
+                    offset: offset + plen,
+                };
+            }
+        } else if flags & op::WRITE != 0 {
+            let (rkey, va, total, offset, imm_expected) = match self.resp.in_msg {
+                InMsg::Write {
+                    rkey,
+                    va,
+                    total,
+                    offset,
+                    ..
+                } => (rkey, va, total, offset, flags & op::IMM != 0),
+                _ => {
+                    let Some(reth) = t.reth else {
+                        return self.responder_fatal(psn, syndrome::NAK_INVALID_REQUEST, None);
+                    };
+                    (reth.rkey, reth.va, reth.dma_len, 0, flags & op::IMM != 0)
+                }
+            };
+            // The whole message must fit what the RETH announced, and a
+            // FIRST must announce more than one packet's worth.
+            let end = offset as u64 + plen as u64;
+            let last = flags & op::LAST != 0;
+            if end > total as u64 || (last && end != total as u64) {
+                return self.responder_fatal(psn, syndrome::NAK_INVALID_REQUEST, None);
+            }
+            if offset == 0 && total > 0 {
+                if let Err(e) = mem.resolve(rkey, self.pd, va, total as u64, Access::REMOTE_WRITE) {
+                    let _ = e;
+                    return self.responder_fatal(psn, syndrome::NAK_REMOTE_ACCESS, None);
+                }
+                if !self.access.contains(Access::REMOTE_WRITE) {
+                    return self.responder_fatal(psn, syndrome::NAK_REMOTE_ACCESS, None);
+                }
+            }
+            // WRITE with immediate consumes a RECV: check before touching memory.
+            if last && imm_expected && self.resp.rq.is_empty() {
+                return self.rnr_nak(psn);
+            }
+            if plen > 0 {
+                match mem.resolve(
+                    rkey,
+                    self.pd,
+                    va + offset as u64,
+                    plen as u64,
+                    Access::REMOTE_WRITE,
+                ) {
+                    Ok(r) => mem.slice_mut(r).copy_from_slice(payload),
+                    Err(_) => {
+                        // Deregistered mid-message.
+                        return self.responder_fatal(psn, syndrome::NAK_REMOTE_ACCESS, None);
+                    }
+                }
+            }
+            if last {
+                if imm_expected {
+                    let r = self.resp.rq.pop_front().expect("checked above");
+                    self.completions.push_back(Wc {
+                        wr_id: r.wr_id,
+                        status: WcStatus::Success,
+                        opcode: WcOpcode::RecvRdmaWithImm,
+                        byte_len: total,
+                        imm: t.imm,
+                        qp_num: self.qpn,
+                    });
+                }
+                self.resp.in_msg = InMsg::None;
+                self.resp.msn = psn_add(self.resp.msn, 1);
+            } else {
+                self.resp.in_msg = InMsg::Write {
+                    rkey,
+                    va,
+                    total,
+                    offset: end as u32,
+                    imm: imm_expected,
+                };
+            }
+        } else if flags & op::READ_REQUEST != 0 {
+            let Some(reth) = t.reth else {
+                return self.responder_fatal(psn, syndrome::NAK_INVALID_REQUEST, None);
+            };
+            if self.outstanding_reads() >= self.max_dest_rd_atomic.max(1) as usize {
+                return self.responder_fatal(psn, syndrome::NAK_INVALID_REQUEST, None);
+            }
+            if reth.dma_len > 0 {
+                let ok = self.access.contains(Access::REMOTE_READ)
+                    && mem
+                        .resolve(
+                            reth.rkey,
+                            self.pd,
+                            reth.va,
+                            reth.dma_len as u64,
+                            Access::REMOTE_READ,
+                        )
+                        .is_ok();
+                if !ok {
+                    return self.responder_fatal(psn, syndrome::NAK_REMOTE_ACCESS, None);
+                }
+            }
+            let npkts = self.packets_for(reth.dma_len);
+            self.save_res(RdAtomicRes {
+                valid: true,
+                atomic: false,
+                first_psn: psn,
+                npkts,
+                orig: 0,
+            });
+            self.queue_resp(Resp::Read {
+                psn,
+                last_psn: psn_add(psn, npkts - 1),
+                va: reth.va,
+                rkey: reth.rkey,
+                remaining: reth.dma_len,
+                first: true,
+                replay: false,
+            });
+            self.resp.epsn = psn_add(self.resp.epsn, npkts);
+            self.resp.msn = psn_add(self.resp.msn, 1);
+            return;
+        } else if flags & op::ATOMIC != 0 {
+            let Some(a) = t.atomic_eth else {
+                return self.responder_fatal(psn, syndrome::NAK_INVALID_REQUEST, None);
+            };
+            if self.outstanding_reads() >= self.max_dest_rd_atomic.max(1) as usize {
+                return self.responder_fatal(psn, syndrome::NAK_INVALID_REQUEST, None);
+            }
+            if !self.access.contains(Access::REMOTE_ATOMIC) {
+                return self.responder_fatal(psn, syndrome::NAK_REMOTE_ACCESS, None);
+            }
+            let r = match mem.resolve_atomic(a.rkey, self.pd, a.va) {
+                Ok(r) => r,
+                Err(AccessError::Unaligned) => {
+                    return self.responder_fatal(psn, syndrome::NAK_INVALID_REQUEST, None)
+                }
+                Err(_) => return self.responder_fatal(psn, syndrome::NAK_REMOTE_ACCESS, None),
+            };
+            let opn = if t.bth.opcode == opcode::RC_COMPARE_SWAP {
+                AtomicOp::CmpSwap {
+                    compare: a.compare,
+                    swap: a.swap_add,
+                }
+            } else {
+                AtomicOp::FetchAdd(a.swap_add)
+            };
+            let orig = mem.atomic(r, opn);
+            self.save_res(RdAtomicRes {
+                valid: true,
+                atomic: true,
+                first_psn: psn,
+                npkts: 1,
+                orig,
+            });
+            self.queue_resp(Resp::AtomicAck {
+                psn,
+                orig,
+                replay: false,
+            });
+            self.resp.epsn = psn_add(self.resp.epsn, 1);
+            self.resp.msn = psn_add(self.resp.msn, 1);
+            return;
+        } else {
+            self.stats.dropped += 1;
+            return;
+        }
+        self.resp.epsn = psn_add(self.resp.epsn, 1);
+        if t.bth.ack_req {
+            self.resp.pending_ack = Some(psn);
+        }
+    }
+
+    pub(super) fn outstanding_reads(&self) -> usize {
+        self.resp
+            .resp_q
+            .iter()
+            .filter(|r| {
+                matches!(
+                    r,
+                    Resp::Read { replay: false, .. } | Resp::AtomicAck { replay: false, .. }
+                )
+            })
+            .count()
+    }
+
+    pub(super) fn save_res(&mut self, r: RdAtomicRes) {
+        let n = self.max_dest_rd_atomic.max(1) as usize;
+        self.resp.res[self.resp.res_next % n] = r;
+        self.resp.res_next = (self.resp.res_next + 1) % n;
+    }
+
+    pub(super) fn rnr_nak(&mut self, psn: u32) {
+        self.stats.rnr_naks_sent += 1;
+        let code = syndrome::RNR_NAK | (self.min_rnr_timer & 0x1f);
+        // An RNR NAK is not sticky: the requester retries this very PSN.
+        self.resp.pending_ack = None;
+        self.queue_resp(Resp::Nak {
+            psn,
+            syndrome: code,
+        });
+    }
+
+    pub(super) fn handle_duplicate(
+        &mut self,
+        t: &TransportRepr,
+        flags: u32,
+        psn: u32,
+        mem: &MrTable,
+    ) {
+        self.stats.duplicates_received += 1;
+        if flags & (op::SEND | op::WRITE) != 0 {
+            // Already applied: never apply twice, but answer every duplicate
+            // (IBA C9-105, as rxe's duplicate_request() does, AckReq or not)
+            // so that a requester whose ACKs were lost learns how far we are.
+            // ACKs coalesce, so a retransmitted burst costs one ACK.
+            self.resp.pending_ack = Some(psn_add(self.resp.epsn, MASK_24));
+            return;
+        }
+        let n = self.max_dest_rd_atomic.max(1) as usize;
+        let found = self.resp.res[..n].iter().copied().find(|r| {
+            r.valid && {
+                let d = psn_diff(psn, r.first_psn);
+                d >= 0 && (d as u32) < r.npkts
+            }
+        });
+        let Some(res) = found else {
+            self.stats.dropped += 1;
+            return;
+        };
+        if flags & op::ATOMIC != 0 {
+            if res.atomic && res.first_psn == psn {
+                // Replay the saved result; never execute twice.
+                self.queue_resp(Resp::AtomicAck {
+                    psn,
+                    orig: res.orig,
+                    replay: true,
+                });
+            } else {
+                self.stats.dropped += 1;
+            }
+            return;
+        }
+        let Some(reth) = t.reth else {
+            self.stats.dropped += 1;
+            return;
+        };
+        // A duplicate READ is executed again, possibly for the tail of the
+        // original: it must end where the original ended.
+        let npkts = self.packets_for(reth.dma_len);
+        let ends = psn_add(psn, npkts) == psn_add(res.first_psn, res.npkts);
+        let allowed = self.access.contains(Access::REMOTE_READ)
+            && (reth.dma_len == 0
+                || mem
+                    .resolve(
+                        reth.rkey,
+                        self.pd,
+                        reth.va,
+                        reth.dma_len as u64,
+                        Access::REMOTE_READ,
+                    )
+                    .is_ok());
+        if res.atomic || !ends || !allowed {
+            self.stats.dropped += 1;
+            return;
+        }
+        self.queue_resp(Resp::Read {
+            psn,
+            last_psn: psn_add(psn, npkts - 1),
+            va: reth.va,
+            rkey: reth.rkey,
+            remaining: reth.dma_len,
+            first: true,
+            replay: true,
+        });
+    }
+}

@@ -1,0 +1,176 @@
+//! Work requests and work completions as the verbs define them
+//! (`ibv_send_wr`, `ibv_recv_wr`, `ibv_wc`): what is posted to a QP and what
+//! comes back. Plain data; the roles of [`super::QpEngine`] give it meaning.
+
+use std::fmt;
+
+use super::QpState;
+
+pub const MAX_SGE: usize = 4;
+pub const MAX_INLINE: usize = 256;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Sge {
+    pub addr: u64,
+    pub length: u32,
+    pub lkey: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WrOpcode {
+    Send,
+    SendWithImm,
+    RdmaWrite,
+    RdmaWriteWithImm,
+    RdmaRead,
+    CmpSwap,
+    FetchAdd,
+}
+
+impl WrOpcode {
+    pub(super) fn is_rd_atomic(self) -> bool {
+        matches!(
+            self,
+            WrOpcode::RdmaRead | WrOpcode::CmpSwap | WrOpcode::FetchAdd
+        )
+    }
+    pub(super) fn is_atomic(self) -> bool {
+        matches!(self, WrOpcode::CmpSwap | WrOpcode::FetchAdd)
+    }
+    pub(super) fn wc_opcode(self) -> WcOpcode {
+        match self {
+            WrOpcode::Send | WrOpcode::SendWithImm => WcOpcode::Send,
+            WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => WcOpcode::RdmaWrite,
+            WrOpcode::RdmaRead => WcOpcode::RdmaRead,
+            WrOpcode::CmpSwap => WcOpcode::CompSwap,
+            WrOpcode::FetchAdd => WcOpcode::FetchAdd,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SendFlags {
+    pub signaled: bool,
+    pub solicited: bool,
+    pub fence: bool,
+}
+
+/// A send work request (`struct ibv_send_wr`).
+#[derive(Debug, Clone, Copy)]
+pub struct SendWr<'a> {
+    pub wr_id: u64,
+    pub opcode: WrOpcode,
+    pub sg_list: &'a [Sge],
+    /// Inline payload, copied at post time (IBV_SEND_INLINE); replaces `sg_list`.
+    pub inline: Option<&'a [u8]>,
+    pub flags: SendFlags,
+    pub imm: u32,
+    pub remote_addr: u64,
+    pub rkey: u32,
+    pub compare_add: u64,
+    pub swap: u64,
+}
+
+impl<'a> SendWr<'a> {
+    pub fn new(wr_id: u64, opcode: WrOpcode, sg_list: &'a [Sge]) -> Self {
+        SendWr {
+            wr_id,
+            opcode,
+            sg_list,
+            inline: None,
+            flags: SendFlags {
+                signaled: true,
+                ..Default::default()
+            },
+            imm: 0,
+            remote_addr: 0,
+            rkey: 0,
+            compare_add: 0,
+            swap: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct RecvWr<'a> {
+    pub wr_id: u64,
+    pub sg_list: &'a [Sge],
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PostError {
+    /// The QP is not in a state that accepts this queue's work requests.
+    BadState(QpState),
+    QueueFull,
+    TooManySge,
+    InlineTooLong,
+    /// Atomics move exactly 8 bytes.
+    BadAtomicLength,
+}
+
+impl fmt::Display for PostError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PostError::BadState(s) => write!(f, "QP is in state {s}"),
+            PostError::QueueFull => f.write_str("work queue is full"),
+            PostError::TooManySge => write!(f, "more than {MAX_SGE} scatter/gather entries"),
+            PostError::InlineTooLong => write!(f, "inline data longer than {MAX_INLINE} bytes"),
+            PostError::BadAtomicLength => f.write_str("atomic operations need one 8-byte SGE"),
+        }
+    }
+}
+impl std::error::Error for PostError {}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WcStatus {
+    Success,
+    LocLenErr,
+    LocQpOpErr,
+    LocProtErr,
+    WrFlushErr,
+    RemInvReqErr,
+    RemAccessErr,
+    RemOpErr,
+    RetryExcErr,
+    RnrRetryExcErr,
+}
+
+impl WcStatus {
+    /// The name rdma-core's `ibv_wc_status_str` would print.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WcStatus::Success => "success",
+            WcStatus::LocLenErr => "local length error",
+            WcStatus::LocQpOpErr => "local QP operation error",
+            WcStatus::LocProtErr => "local protection error",
+            WcStatus::WrFlushErr => "Work Request Flushed Error",
+            WcStatus::RemInvReqErr => "remote invalid request error",
+            WcStatus::RemAccessErr => "remote access error",
+            WcStatus::RemOpErr => "remote operation error",
+            WcStatus::RetryExcErr => "transport retry counter exceeded",
+            WcStatus::RnrRetryExcErr => "RNR retry counter exceeded",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WcOpcode {
+    Send,
+    RdmaWrite,
+    RdmaRead,
+    CompSwap,
+    FetchAdd,
+    Recv,
+    RecvRdmaWithImm,
+}
+
+/// A work completion (`struct ibv_wc`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wc {
+    pub wr_id: u64,
+    pub status: WcStatus,
+    pub opcode: WcOpcode,
+    pub byte_len: u32,
+    pub imm: Option<u32>,
+    pub qp_num: u32,
+}
