@@ -343,115 +343,277 @@ pub mod opcode {
     pub const CNP: u8 = 0x81;
 }
 
-/// Bit flags describing an opcode: which extension headers follow the BTH (in
-/// wire order RETH/AtomicETH/DETH ... AETH, AtomicAckETH, ImmDt/IETH), whether
-/// a payload may follow, its place in a message and its kind.
-pub mod op {
-    pub const RETH: u32 = 1 << 0;
-    pub const AETH: u32 = 1 << 1;
-    pub const ATOMIC_ETH: u32 = 1 << 2;
-    pub const ATOMIC_ACK_ETH: u32 = 1 << 3;
-    pub const IMM: u32 = 1 << 4;
-    pub const IETH: u32 = 1 << 5;
-    pub const DETH: u32 = 1 << 6;
-    pub const CNP_RESERVED: u32 = 1 << 7;
-    pub const PAYLOAD: u32 = 1 << 8;
-    pub const FIRST: u32 = 1 << 9;
-    pub const MIDDLE: u32 = 1 << 10;
-    pub const LAST: u32 = 1 << 11;
-    pub const ONLY: u32 = FIRST | LAST;
-    pub const SEND: u32 = 1 << 12;
-    pub const WRITE: u32 = 1 << 13;
-    pub const READ_REQUEST: u32 = 1 << 14;
-    pub const READ_RESPONSE: u32 = 1 << 15;
-    pub const ACK: u32 = 1 << 16;
-    pub const ATOMIC_ACK: u32 = 1 << 17;
-    pub const ATOMIC: u32 = 1 << 18;
-    pub const CNP: u32 = 1 << 19;
+/// What an opcode implies, as bit flags: which extension headers follow the
+/// BTH (in wire order RETH/AtomicETH/DETH ... AETH, AtomicAckETH, ImmDt/IETH),
+/// whether a payload may follow, its place in a message and its kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(transparent)]
+pub struct OpFlags(u32);
+
+impl OpFlags {
+    /// An opcode this stack does not know (RD, XRC, holes of the UC/UD/CNP
+    /// ranges, manufacturer-specific): dropped as soon as it is seen.
+    pub const UNKNOWN: OpFlags = OpFlags(0);
+    pub const RETH: OpFlags = OpFlags(1 << 0);
+    pub const AETH: OpFlags = OpFlags(1 << 1);
+    pub const ATOMIC_ETH: OpFlags = OpFlags(1 << 2);
+    pub const ATOMIC_ACK_ETH: OpFlags = OpFlags(1 << 3);
+    pub const IMM: OpFlags = OpFlags(1 << 4);
+    pub const IETH: OpFlags = OpFlags(1 << 5);
+    pub const DETH: OpFlags = OpFlags(1 << 6);
+    pub const CNP_RESERVED: OpFlags = OpFlags(1 << 7);
+    pub const PAYLOAD: OpFlags = OpFlags(1 << 8);
+    pub const FIRST: OpFlags = OpFlags(1 << 9);
+    pub const MIDDLE: OpFlags = OpFlags(1 << 10);
+    pub const LAST: OpFlags = OpFlags(1 << 11);
+    pub const ONLY: OpFlags = OpFlags(Self::FIRST.0 | Self::LAST.0);
+    pub const SEND: OpFlags = OpFlags(1 << 12);
+    pub const WRITE: OpFlags = OpFlags(1 << 13);
+    pub const READ_REQUEST: OpFlags = OpFlags(1 << 14);
+    pub const READ_RESPONSE: OpFlags = OpFlags(1 << 15);
+    pub const ACK: OpFlags = OpFlags(1 << 16);
+    pub const ATOMIC_ACK: OpFlags = OpFlags(1 << 17);
+    pub const ATOMIC: OpFlags = OpFlags(1 << 18);
+    pub const CNP: OpFlags = OpFlags(1 << 19);
     /// Sent by a requester (as opposed to a responder's ACK or READ response).
-    pub const REQUEST: u32 = 1 << 20;
-}
+    pub const REQUEST: OpFlags = OpFlags(1 << 20);
+    /// A reserved opcode of the RC range (0x15, 0x18-0x1f). The responder's
+    /// opcode check (IBA vol. 1 9.7) answers an opcode it does not support
+    /// with NAK Invalid Request, so such a packet must reach the QP: no
+    /// extension headers are assumed, the rest is payload. (rxe drops it.)
+    pub const RESERVED: OpFlags = OpFlags(1 << 21);
 
-/// Flags of an opcode, or 0 for an opcode this stack does not know (RD, XRC,
-/// reserved values): such packets are dropped.
-#[inline(always)]
-pub const fn opcode_flags(opc: u8) -> u32 {
-    use op::*;
-    const SND: u32 = SEND | PAYLOAD | REQUEST;
-    const WR: u32 = WRITE | PAYLOAD | REQUEST;
-    const RR: u32 = READ_RESPONSE | PAYLOAD;
-    let base = match opc & 0x1f {
-        0x00 => SND | FIRST,
-        0x01 => SND | MIDDLE,
-        0x02 => SND | LAST,
-        0x03 => SND | LAST | IMM,
-        0x04 => SND | ONLY,
-        0x05 => SND | ONLY | IMM,
-        0x06 => WR | FIRST | RETH,
-        0x07 => WR | MIDDLE,
-        0x08 => WR | LAST,
-        0x09 => WR | LAST | IMM,
-        0x0a => WR | ONLY | RETH,
-        0x0b => WR | ONLY | RETH | IMM,
-        0x0c => READ_REQUEST | ONLY | RETH | REQUEST,
-        0x0d => RR | FIRST | AETH,
-        0x0e => RR | MIDDLE,
-        0x0f => RR | LAST | AETH,
-        0x10 => RR | ONLY | AETH,
-        0x11 => ACK | ONLY | AETH,
-        0x12 => ATOMIC_ACK | ONLY | AETH | ATOMIC_ACK_ETH,
-        0x13 | 0x14 => ATOMIC | ONLY | ATOMIC_ETH | REQUEST,
-        0x16 => SND | LAST | IETH,
-        0x17 => SND | ONLY | IETH,
-        _ => 0,
-    };
-    match opc >> 5 {
-        // RC: everything above.
-        0 => base,
-        // UC: SEND and RDMA WRITE only.
-        1 => match opc & 0x1f {
-            0x00..=0x0b => base,
-            _ => 0,
-        },
-        // UD: SEND_ONLY (with immediate), each with a DETH.
-        3 => match opc & 0x1f {
-            0x04 | 0x05 => base | DETH,
-            _ => 0,
-        },
-        4 if opc == opcode::CNP => CNP | ONLY | CNP_RESERVED,
-        _ => 0,
+    #[inline(always)]
+    pub const fn bits(self) -> u32 {
+        self.0
+    }
+    /// All of `f` are set.
+    #[inline(always)]
+    pub const fn has(self, f: OpFlags) -> bool {
+        self.0 & f.0 == f.0
+    }
+    /// Any of `f` is set.
+    #[inline(always)]
+    pub const fn any(self, f: OpFlags) -> bool {
+        self.0 & f.0 != 0
+    }
+    #[inline(always)]
+    pub const fn union(self, f: OpFlags) -> OpFlags {
+        OpFlags(self.0 | f.0)
+    }
+    #[inline(always)]
+    pub const fn is_known(self) -> bool {
+        self.0 != 0
+    }
+    /// The packet's place in its message.
+    #[inline(always)]
+    pub const fn position(self) -> Position {
+        let first = self.0 & Self::FIRST.0 != 0;
+        let last = self.0 & Self::LAST.0 != 0;
+        match (first, last) {
+            (true, true) => Position::Only,
+            (true, false) => Position::First,
+            (false, true) => Position::Last,
+            (false, false) => Position::Middle,
+        }
     }
 }
 
-/// Length of the extension headers selected by `flags` (see [`op`]).
-#[inline(always)]
-pub const fn ext_headers_len(flags: u32) -> usize {
+impl core::ops::BitOr for OpFlags {
+    type Output = OpFlags;
+    #[inline(always)]
+    fn bitor(self, o: OpFlags) -> OpFlags {
+        self.union(o)
+    }
+}
+
+/// A packet's place in a multi-packet message (IBA 9.2.3: FIRST, MIDDLE,
+/// LAST, ONLY). Opcodes without MIDDLE/FIRST/LAST flags (RESERVED, unknown)
+/// count as MIDDLE, which no message may start with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Position {
+    First,
+    Middle,
+    Last,
+    Only,
+}
+
+impl Position {
+    /// MIDDLE or LAST: continues a message already in progress.
+    #[inline(always)]
+    pub const fn continues(self) -> bool {
+        matches!(self, Position::Middle | Position::Last)
+    }
+    /// LAST or ONLY: ends the message.
+    #[inline(always)]
+    pub const fn ends(self) -> bool {
+        matches!(self, Position::Last | Position::Only)
+    }
+}
+
+/// One row of the opcode table: the name the IBA and Wireshark use, the
+/// flags, and the length of the extension headers between BTH and payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpcodeInfo {
+    pub name: &'static str,
+    pub flags: OpFlags,
+    pub ext_len: u8,
+}
+
+/// The one definition of every opcode (IBA table 38 and RoCEv2 annex A17).
+/// Everything else (the XDP program's [`OPCODE_FLAGS`], the parser, the
+/// engine, the decoder's names) reads it.
+const fn opcode_def(opc: u8) -> (&'static str, OpFlags) {
+    const SND: OpFlags = OpFlags(OpFlags::SEND.0 | OpFlags::PAYLOAD.0 | OpFlags::REQUEST.0);
+    const WR: OpFlags = OpFlags(OpFlags::WRITE.0 | OpFlags::PAYLOAD.0 | OpFlags::REQUEST.0);
+    const RR: OpFlags = OpFlags(OpFlags::READ_RESPONSE.0 | OpFlags::PAYLOAD.0);
+    const fn f(parts: &[OpFlags]) -> OpFlags {
+        let mut v = 0;
+        let mut i = 0;
+        while i < parts.len() {
+            v |= parts[i].0;
+            i += 1;
+        }
+        OpFlags(v)
+    }
+    use OpFlags as F;
+    match opc {
+        0x00 => ("RC_SEND_FIRST", f(&[SND, F::FIRST])),
+        0x01 => ("RC_SEND_MIDDLE", f(&[SND, F::MIDDLE])),
+        0x02 => ("RC_SEND_LAST", f(&[SND, F::LAST])),
+        0x03 => ("RC_SEND_LAST_WITH_IMMEDIATE", f(&[SND, F::LAST, F::IMM])),
+        0x04 => ("RC_SEND_ONLY", f(&[SND, F::ONLY])),
+        0x05 => ("RC_SEND_ONLY_WITH_IMMEDIATE", f(&[SND, F::ONLY, F::IMM])),
+        0x06 => ("RC_RDMA_WRITE_FIRST", f(&[WR, F::FIRST, F::RETH])),
+        0x07 => ("RC_RDMA_WRITE_MIDDLE", f(&[WR, F::MIDDLE])),
+        0x08 => ("RC_RDMA_WRITE_LAST", f(&[WR, F::LAST])),
+        0x09 => (
+            "RC_RDMA_WRITE_LAST_WITH_IMMEDIATE",
+            f(&[WR, F::LAST, F::IMM]),
+        ),
+        0x0a => ("RC_RDMA_WRITE_ONLY", f(&[WR, F::ONLY, F::RETH])),
+        0x0b => (
+            "RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE",
+            f(&[WR, F::ONLY, F::RETH, F::IMM]),
+        ),
+        0x0c => (
+            "RC_RDMA_READ_REQUEST",
+            f(&[F::READ_REQUEST, F::ONLY, F::RETH, F::REQUEST]),
+        ),
+        0x0d => ("RC_RDMA_READ_RESPONSE_FIRST", f(&[RR, F::FIRST, F::AETH])),
+        0x0e => ("RC_RDMA_READ_RESPONSE_MIDDLE", f(&[RR, F::MIDDLE])),
+        0x0f => ("RC_RDMA_READ_RESPONSE_LAST", f(&[RR, F::LAST, F::AETH])),
+        0x10 => ("RC_RDMA_READ_RESPONSE_ONLY", f(&[RR, F::ONLY, F::AETH])),
+        0x11 => ("RC_ACKNOWLEDGE", f(&[F::ACK, F::ONLY, F::AETH])),
+        0x12 => (
+            "RC_ATOMIC_ACKNOWLEDGE",
+            f(&[F::ATOMIC_ACK, F::ONLY, F::AETH, F::ATOMIC_ACK_ETH]),
+        ),
+        0x13 => (
+            "RC_CMP_SWAP",
+            f(&[F::ATOMIC, F::ONLY, F::ATOMIC_ETH, F::REQUEST]),
+        ),
+        0x14 => (
+            "RC_FETCH_ADD",
+            f(&[F::ATOMIC, F::ONLY, F::ATOMIC_ETH, F::REQUEST]),
+        ),
+        0x16 => ("RC_SEND_LAST_WITH_INVALIDATE", f(&[SND, F::LAST, F::IETH])),
+        0x17 => ("RC_SEND_ONLY_WITH_INVALIDATE", f(&[SND, F::ONLY, F::IETH])),
+        0x15 | 0x18..=0x1f => ("RC_RESERVED", F::RESERVED),
+        0x20 => ("UC_SEND_FIRST", f(&[SND, F::FIRST])),
+        0x21 => ("UC_SEND_MIDDLE", f(&[SND, F::MIDDLE])),
+        0x22 => ("UC_SEND_LAST", f(&[SND, F::LAST])),
+        0x23 => ("UC_SEND_LAST_WITH_IMMEDIATE", f(&[SND, F::LAST, F::IMM])),
+        0x24 => ("UC_SEND_ONLY", f(&[SND, F::ONLY])),
+        0x25 => ("UC_SEND_ONLY_WITH_IMMEDIATE", f(&[SND, F::ONLY, F::IMM])),
+        0x26 => ("UC_RDMA_WRITE_FIRST", f(&[WR, F::FIRST, F::RETH])),
+        0x27 => ("UC_RDMA_WRITE_MIDDLE", f(&[WR, F::MIDDLE])),
+        0x28 => ("UC_RDMA_WRITE_LAST", f(&[WR, F::LAST])),
+        0x29 => (
+            "UC_RDMA_WRITE_LAST_WITH_IMMEDIATE",
+            f(&[WR, F::LAST, F::IMM]),
+        ),
+        0x2a => ("UC_RDMA_WRITE_ONLY", f(&[WR, F::ONLY, F::RETH])),
+        0x2b => (
+            "UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE",
+            f(&[WR, F::ONLY, F::RETH, F::IMM]),
+        ),
+        0x64 => ("UD_SEND_ONLY", f(&[SND, F::ONLY, F::DETH])),
+        0x65 => (
+            "UD_SEND_ONLY_WITH_IMMEDIATE",
+            f(&[SND, F::ONLY, F::DETH, F::IMM]),
+        ),
+        opcode::CNP => ("CNP", f(&[F::CNP, F::ONLY, F::CNP_RESERVED])),
+        _ => ("UNKNOWN", F::UNKNOWN),
+    }
+}
+
+/// Length of the extension headers selected by `flags`.
+pub const fn ext_headers_len(flags: OpFlags) -> usize {
+    const LENS: [(OpFlags, usize); 8] = [
+        (OpFlags::RETH, Reth::LEN),
+        (OpFlags::ATOMIC_ETH, AtomicEth::LEN),
+        (OpFlags::DETH, Deth::LEN),
+        (OpFlags::AETH, Aeth::LEN),
+        (OpFlags::ATOMIC_ACK_ETH, AtomicAckEth::LEN),
+        (OpFlags::IMM, ImmDt::LEN),
+        (OpFlags::IETH, Ieth::LEN),
+        (OpFlags::CNP_RESERVED, CNP_RESERVED_LEN),
+    ];
     let mut n = 0;
-    if flags & op::RETH != 0 {
-        n += Reth::LEN;
-    }
-    if flags & op::ATOMIC_ETH != 0 {
-        n += AtomicEth::LEN;
-    }
-    if flags & op::DETH != 0 {
-        n += Deth::LEN;
-    }
-    if flags & op::AETH != 0 {
-        n += Aeth::LEN;
-    }
-    if flags & op::ATOMIC_ACK_ETH != 0 {
-        n += AtomicAckEth::LEN;
-    }
-    if flags & op::IMM != 0 {
-        n += ImmDt::LEN;
-    }
-    if flags & op::IETH != 0 {
-        n += Ieth::LEN;
-    }
-    if flags & op::CNP_RESERVED != 0 {
-        n += CNP_RESERVED_LEN;
+    let mut i = 0;
+    while i < LENS.len() {
+        if flags.any(LENS[i].0) {
+            n += LENS[i].1;
+        }
+        i += 1;
     }
     n
+}
+
+/// The opcode table, built at compile time from [`opcode_def`]. A `const`,
+/// so that the XDP program (which reads only [`OPCODE_FLAGS`]) carries no
+/// names.
+pub const OPCODE_TABLE: [OpcodeInfo; 256] = {
+    let mut t = [OpcodeInfo {
+        name: "",
+        flags: OpFlags::UNKNOWN,
+        ext_len: 0,
+    }; 256];
+    let mut i = 0;
+    while i < 256 {
+        let (name, flags) = opcode_def(i as u8);
+        t[i] = OpcodeInfo {
+            name,
+            flags,
+            ext_len: ext_headers_len(flags) as u8,
+        };
+        i += 1;
+    }
+    t
+};
+
+/// Flags and extension header length per opcode, for per-packet lookups
+/// (the XDP program and the parser): one index, no decoding.
+pub static OPCODE_FLAGS: [(OpFlags, u8); 256] = {
+    let mut t = [(OpFlags::UNKNOWN, 0u8); 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = (OPCODE_TABLE[i].flags, OPCODE_TABLE[i].ext_len);
+        i += 1;
+    }
+    t
+};
+
+/// Flags of an opcode ([`OpFlags::UNKNOWN`] for one this stack drops).
+#[inline(always)]
+pub fn opcode_flags(opc: u8) -> OpFlags {
+    OPCODE_FLAGS[opc as usize].0
+}
+
+/// Name of an opcode as the IBA and Wireshark spell it.
+pub fn opcode_name(opc: u8) -> &'static str {
+    OPCODE_TABLE[opc as usize].name
 }
 
 /// 24-bit PSN arithmetic: `a + n` modulo 2^24.
@@ -569,8 +731,7 @@ mod tests {
 
     #[test]
     fn opcode_table() {
-        use op::*;
-        assert_eq!(opcode_flags(opcode::RC_RDMA_WRITE_ONLY) & RETH, RETH);
+        assert!(opcode_flags(opcode::RC_RDMA_WRITE_ONLY).has(OpFlags::RETH));
         assert_eq!(
             ext_headers_len(opcode_flags(opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE)),
             20
@@ -584,18 +745,34 @@ mod tests {
             12
         );
         assert_eq!(ext_headers_len(opcode_flags(opcode::CNP)), 16);
-        assert_eq!(opcode_flags(0x15), 0);
-        assert_eq!(opcode_flags(0x2c), 0, "UC has no READ");
-        assert_eq!(opcode_flags(0x40), 0, "RD is not supported");
-        assert_eq!(opcode_flags(0x60), 0, "UD has only SEND_ONLY");
-        assert_eq!(opcode_flags(0x82), 0);
+        assert_eq!(opcode_flags(0x15), OpFlags::RESERVED);
+        assert_eq!(opcode_flags(0x1f), OpFlags::RESERVED);
+        assert_eq!(opcode_flags(0x2c), OpFlags::UNKNOWN, "UC has no READ");
+        assert_eq!(opcode_flags(0x40), OpFlags::UNKNOWN, "RD is not supported");
+        assert_eq!(
+            opcode_flags(0x60),
+            OpFlags::UNKNOWN,
+            "UD has only SEND_ONLY"
+        );
+        assert_eq!(opcode_flags(0x82), OpFlags::UNKNOWN);
+        assert_eq!(opcode_name(opcode::RC_COMPARE_SWAP), "RC_CMP_SWAP");
+        assert_eq!(opcode_name(0xe0), "UNKNOWN");
+        assert_eq!(OpFlags::FIRST.position(), Position::First);
+        assert_eq!(OpFlags::ONLY.position(), Position::Only);
+        assert_eq!(OpFlags::RESERVED.position(), Position::Middle);
         let mut known = 0;
+        let mut reserved = 0;
         for o in 0..=255u8 {
-            if opcode_flags(o) != 0 {
+            let f = opcode_flags(o);
+            if f == OpFlags::RESERVED {
+                reserved += 1;
+            } else if f.is_known() {
                 known += 1;
+                assert_ne!(opcode_name(o), "UNKNOWN", "{o:#x}");
             }
         }
-        // 23 RC (0x00-0x14, 0x16, 0x17) + 12 UC + 2 UD + CNP
+        // 23 RC (0x00-0x14, 0x16, 0x17) + 12 UC + 2 UD + CNP; 9 RC holes
         assert_eq!(known, 23 + 12 + 2 + 1);
+        assert_eq!(reserved, 9);
     }
 }

@@ -20,9 +20,8 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::debug;
 use rdma_common::{
-    ext_headers_len, opcode_flags, stat, Bth, EthHdr, Ipv4Hdr, Ipv6Hdr, LiveQp, UdpHdr, VlanHdr,
-    XdpConfig, ETH_P_8021AD, ETH_P_8021Q, ETH_P_IPV4, ETH_P_IPV6, ICRC_LEN, IPPROTO_UDP,
-    ROCE_V2_UDP_PORT,
+    stat, Bth, EthHdr, Ipv4Hdr, Ipv6Hdr, LiveQp, UdpHdr, VlanHdr, XdpConfig, ETH_P_8021AD,
+    ETH_P_8021Q, ETH_P_IPV4, ETH_P_IPV6, ICRC_LEN, IPPROTO_UDP, OPCODE_FLAGS, ROCE_V2_UDP_PORT,
 };
 
 /// One AF_XDP socket per RX queue, indexed by queue id.
@@ -147,11 +146,14 @@ fn classify(ctx: &XdpContext) -> (u32, u32) {
     if bth.tver() != 0 {
         return (DROP, stat::DROP_BAD_TVER);
     }
-    let flags = opcode_flags(bth.opcode);
-    if flags == 0 {
+    // The shared opcode table: flags and extension header length in one
+    // lookup. RC's reserved opcodes are known (RESERVED) and go on to the QP,
+    // which NAKs them; anything else unknown ends here.
+    let (flags, ext_len) = OPCODE_FLAGS[bth.opcode as usize];
+    if !flags.is_known() {
         return (DROP, stat::DROP_UNKNOWN_OPCODE);
     }
-    let need = UdpHdr::LEN + Bth::LEN + ext_headers_len(flags) + ICRC_LEN;
+    let need = UdpHdr::LEN + Bth::LEN + ext_len as usize + ICRC_LEN;
     let udp_len = udp.len() as usize;
     if udp_len < need || l4 + udp_len != ip_end || ip_end > frame_len {
         return (DROP, stat::DROP_TRUNCATED);

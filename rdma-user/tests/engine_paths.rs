@@ -556,7 +556,7 @@ fn opcode_sequence_errors() {
         b.out();
         let payload = vec![
             9u8;
-            if opcode_flags(*bad) & op::PAYLOAD != 0 {
+            if opcode_flags(*bad).has(OpFlags::PAYLOAD) {
                 256
             } else {
                 0

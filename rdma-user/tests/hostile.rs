@@ -170,6 +170,16 @@ fn every_hostile_class_is_counted_under_its_reason_and_changes_nothing() {
                 Class::BadPad => dp_only("rx_bad_pad"),
                 Class::UnknownOpcode => dp_only("rx_unknown_opcode"),
                 Class::UnknownQpn => dp_only("rx_unknown_qpn"),
+                Class::ReservedOpcode => {
+                    assert_eq!((qs.reserved_opcodes, qs.errors), (1, 1), "{ctx}");
+                    assert_eq!(syndromes, vec![0x61], "NAK invalid request: {ctx}");
+                    assert_eq!(state, QpState::Err, "{ctx}");
+                }
+                Class::BadPkey => {
+                    assert_eq!((qs.rx_packets, qs.bad_pkey), (1, 1), "{ctx}");
+                    assert!(syndromes.is_empty(), "dropped silently: {ctx}");
+                    assert_eq!(state, QpState::Rts, "{ctx}");
+                }
                 Class::SpoofedSource => {
                     // A spoofed UDP source port alone is caught by the XDP
                     // firewall (see tests/netns.rs); here only the address.

@@ -190,8 +190,11 @@ fn crafted_frames_get_the_right_verdict_and_arrive_intact() {
     fix_ip_csum(&mut frag);
     let mut bad_tver = valid.clone();
     bad_tver[14 + 20 + 8 + 1] |= 0x01;
+    // Manufacturer-specific: no QP type knows it.
     let mut bad_opcode = valid.clone();
-    bad_opcode[14 + 20 + 8] = 0x15;
+    bad_opcode[14 + 20 + 8] = 0xe0;
+    // A reserved opcode of the RC range goes on to the QP, which NAKs it.
+    let reserved = frame(&lab, false, None, 0x15, &payload[..64]);
     let frames = vec![
         valid.clone(),
         truncated,
@@ -201,17 +204,18 @@ fn crafted_frames_get_the_right_verdict_and_arrive_intact() {
         frag,
         bad_tver,
         bad_opcode,
+        reserved.clone(),
     ];
-    let r = xsk_recv(&lab, 3, &frames, &[]);
+    let r = xsk_recv(&lab, 4, &frames, &[]);
     let st = &r.stats;
-    assert_eq!(st["redirect"], 3, "{st}");
+    assert_eq!(st["redirect"], 4, "{st}");
     assert_eq!(st["drop_truncated"], 1, "{st}");
     assert_eq!(st["drop_bad_tver"], 1, "{st}");
     assert_eq!(st["drop_unknown_opcode"], 1, "{st}");
     assert!(st["pass_not_roce"].as_u64().unwrap() >= 1, "{st}");
     assert_eq!(st["pass_fragment"], 1, "{st}");
     // The redirected frames arrive in AF_XDP byte for byte.
-    let want: Vec<String> = [valid, v6, vlan].iter().map(|f| hex(f)).collect();
+    let want: Vec<String> = [valid, v6, vlan, reserved].iter().map(|f| hex(f)).collect();
     assert_eq!(r.frames, want);
 }
 

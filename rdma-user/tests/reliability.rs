@@ -327,10 +327,16 @@ fn hostile_flood_is_counted_touches_nothing_and_valid_traffic_flows() {
         .unwrap()["stats"]
         .clone();
     let v_rx = u(&victim["rx"]);
-    let v_reasons: u64 = ["errors", "dropped", "out_of_sequence", "duplicates"]
-        .iter()
-        .map(|k| u(&victim[*k]))
-        .sum();
+    let v_reasons: u64 = [
+        "errors",
+        "dropped",
+        "out_of_sequence",
+        "duplicates",
+        "bad_pkey",
+    ]
+    .iter()
+    .map(|k| u(&victim[*k]))
+    .sum();
     assert_eq!(
         v_rx, v_reasons,
         "every packet at the victim has a reason: {victim}"

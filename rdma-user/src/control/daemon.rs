@@ -499,7 +499,9 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
                                 "timeouts": s.timeouts, "seq_naks_sent": s.seq_naks_sent,
                                 "rnr_naks_sent": s.rnr_naks_sent, "duplicates": s.duplicates_received,
                                 "out_of_sequence": s.out_of_sequence_received,
-                                "errors": s.errors, "dropped": s.dropped
+                                "errors": s.errors, "dropped": s.dropped,
+                                "bad_pkey": s.bad_pkey, "wrong_transport": s.wrong_transport,
+                                "reserved_opcodes": s.reserved_opcodes
                             }
                         }))
                     })

@@ -17,7 +17,13 @@ pub enum Class {
     BadIcrc,
     /// Pad count larger than the payload.
     BadPad,
+    /// An opcode no RC, UC or UD QP knows (dropped by XDP and the parser).
     UnknownOpcode,
+    /// A reserved opcode of the RC range (0x15, 0x18-0x1f) at the expected
+    /// PSN: NAK Invalid Request.
+    ReservedOpcode,
+    /// A valid WRITE whose BTH P_Key does not match the QP's.
+    BadPkey,
     MiddleWithoutFirst,
     LastAfterOnly,
     WrongRkey,
@@ -34,11 +40,13 @@ pub enum Class {
     SpoofedSource,
 }
 
-pub const CLASSES: [Class; 15] = [
+pub const CLASSES: [Class; 17] = [
     Class::Truncated,
     Class::BadIcrc,
     Class::BadPad,
     Class::UnknownOpcode,
+    Class::ReservedOpcode,
+    Class::BadPkey,
     Class::MiddleWithoutFirst,
     Class::LastAfterOnly,
     Class::WrongRkey,
@@ -112,6 +120,16 @@ impl Generator {
         match c {
             // Emitted as a WRITE_ONLY, patched after emission.
             Class::Truncated | Class::BadIcrc | Class::UnknownOpcode => {}
+            Class::ReservedOpcode => {
+                const RESERVED: [u8; 9] = [0x15, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0x1d, 0x1e, 0x1f];
+                b.opcode = RESERVED[(rnd >> 8) as usize % RESERVED.len()];
+            }
+            Class::BadPkey => {
+                // Another partition, the invalid P_Key 0, or a limited member
+                // of another partition.
+                const PKEYS: [u16; 4] = [0x8001, 0x0000, 0x7ffe, 0x1234];
+                b.pkey = PKEYS[(rnd >> 8) as usize % PKEYS.len()];
+            }
             // No payload, so any pad count is larger than it.
             Class::BadPad => len = 0,
             Class::MiddleWithoutFirst => {
@@ -186,7 +204,7 @@ impl Generator {
             }
         }
         let flags = rdma_common::opcode_flags(r.transport.bth.opcode);
-        if flags & rdma_common::op::RETH != 0 {
+        if flags.has(OpFlags::RETH) {
             if reth.dma_len == 0 {
                 reth.dma_len = len as u32;
             }
@@ -207,8 +225,10 @@ impl Generator {
             }
             Class::BadPad => buf[hl + 1] |= (1 + (rnd >> 8) as u8 % 3) << 4,
             Class::UnknownOpcode => {
-                // Holes of the RC range and unassigned transport classes.
-                const UNKNOWN: [u8; 6] = [0x15, 0x18, 0x3f, 0x60, 0x9f, 0xe0];
+                // Holes of the UC, RD, UD and CNP ranges and a
+                // manufacturer-specific opcode (the RC range's holes are
+                // ReservedOpcode).
+                const UNKNOWN: [u8; 6] = [0x2c, 0x3f, 0x40, 0x60, 0x9f, 0xe0];
                 buf[hl] = UNKNOWN[(rnd >> 8) as usize % UNKNOWN.len()];
             }
             _ => return n,

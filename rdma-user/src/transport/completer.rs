@@ -122,7 +122,7 @@ impl QpEngine {
         &mut self,
         now: Nanos,
         t: &TransportRepr,
-        flags: u32,
+        flags: OpFlags,
         payload: &[u8],
         mem: &mut MrTable,
     ) {
@@ -136,7 +136,7 @@ impl QpEngine {
             self.stats.dropped += 1;
             return;
         }
-        if flags & op::ACK != 0 {
+        if flags.has(OpFlags::ACK) {
             let Some(aeth) = t.aeth else {
                 self.stats.dropped += 1;
                 return;
@@ -198,7 +198,7 @@ impl QpEngine {
                 }
                 Syndrome::Reserved(_) => self.stats.dropped += 1,
             }
-        } else if flags & op::READ_RESPONSE != 0 {
+        } else if flags.has(OpFlags::READ_RESPONSE) {
             if self.ack_through(psn_add(psn, MASK_24), now) {
                 self.progress(now);
             }
@@ -227,7 +227,7 @@ impl QpEngine {
             let last = k + 1 == w.npkts;
             let off = k * self.mtu;
             let want = if last { w.length - off } else { self.mtu };
-            let last_opc = flags & op::LAST != 0;
+            let last_opc = flags.has(OpFlags::LAST);
             if payload.len() as u32 != want || last_opc != last {
                 self.stats.errors += 1;
                 self.stats.dropped += 1;
@@ -252,7 +252,7 @@ impl QpEngine {
                 self.req.rd_atomic_inflight = self.req.rd_atomic_inflight.saturating_sub(1);
             }
             self.progress(now);
-        } else if flags & op::ATOMIC_ACK != 0 {
+        } else if flags.has(OpFlags::ATOMIC_ACK) {
             if self.ack_through(psn_add(psn, MASK_24), now) {
                 self.progress(now);
             }

@@ -34,7 +34,7 @@ mod responder;
 mod wr;
 
 pub use completer::{ack_timeout_ns, rnr_timer_ns};
-pub use qp::{ModifyError, QpAttr, QpCap, QpEngine, QpState, QpStats, MAX_RD_ATOMIC};
+pub use qp::{pkey_matches, ModifyError, QpAttr, QpCap, QpEngine, QpState, QpStats, MAX_RD_ATOMIC};
 pub use requester::{MAX_PKT_PER_ACK, RETRY_WINDOW};
 pub use wr::{
     PostError, RecvWr, SendFlags, SendWr, Sge, Wc, WcOpcode, WcStatus, WrOpcode, MAX_INLINE,
@@ -45,8 +45,8 @@ use std::collections::VecDeque;
 
 use crate::memory::{Access, AccessError, AtomicOp, MrTable};
 use crate::wire::{
-    flags_of, op, opcode, pad_for, psn_add, psn_diff, syndrome, AethRepr, AtomicEthRepr, BthRepr,
-    NakCode, RethRepr, Syndrome, TransportRepr, MASK_24,
+    opcode, opcode_flags, pad_for, psn_add, psn_diff, syndrome, AethRepr, AtomicEthRepr, BthRepr,
+    NakCode, OpFlags, Position, RethRepr, Syndrome, TransportRepr, MASK_24,
 };
 
 use completer::Completer;

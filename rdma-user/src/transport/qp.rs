@@ -132,6 +132,12 @@ pub struct QpStats {
     /// Packets dropped without an answer (wrong state, ghost ACKs, stale
     /// responses).
     pub dropped: u64,
+    /// Dropped: the BTH P_Key does not match the QP's (IBA 9.6.1.1).
+    pub bad_pkey: u64,
+    /// Dropped: an opcode of another transport (UC, UD, CNP) for an RC QP.
+    pub wrong_transport: u64,
+    /// NAKed Invalid Request: a reserved opcode of the RC range.
+    pub reserved_opcodes: u64,
 }
 
 /// One queue pair: its attributes and state machine here, and the state of
@@ -175,6 +181,12 @@ impl Default for QpCap {
             max_recv_wr: 256,
         }
     }
+}
+
+/// P_Key matching (IBA 10.9.3): the low 15 bits (the partition) are equal
+/// and not zero, and at least one side is a full member (bit 15).
+pub fn pkey_matches(ours: u16, theirs: u16) -> bool {
+    ours & 0x7fff == theirs & 0x7fff && ours & 0x7fff != 0 && (ours | theirs) & 0x8000 != 0
 }
 
 fn mtu_ok(m: u32) -> bool {
@@ -571,12 +583,19 @@ impl QpEngine {
     ) {
         self.stats.rx_packets += 1;
         let flags = t.flags();
-        // RC only: UC/UD/CNP opcodes never reach an RC QP's state machine.
+        // Header checks every packet passes before a role sees it (IBA 9.6;
+        // the table in `responder` lists them all). The transport: RC only,
+        // UC/UD/CNP opcodes never reach an RC QP's state machine.
         if t.bth.opcode >> 5 != 0 {
-            self.stats.dropped += 1;
+            self.stats.wrong_transport += 1;
             return;
         }
-        if flags & op::REQUEST != 0 {
+        // P_Key (IBA 9.6.1.1): the packet's must match ours.
+        if !pkey_matches(self.pkey, t.bth.pkey) {
+            self.stats.bad_pkey += 1;
+            return;
+        }
+        if flags.any(OpFlags::REQUEST | OpFlags::RESERVED) {
             match self.state {
                 QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe => {
                     self.handle_request(t, flags, payload, mem)

@@ -335,14 +335,14 @@ impl QpEngine {
                 }
                 t.bth = self.bth(opc, psn, ack_req);
                 t.bth.solicited = last && w.flags.solicited && send;
-                if flags_of(opc) & op::RETH != 0 {
+                if opcode_flags(opc).has(OpFlags::RETH) {
                     t.reth = Some(RethRepr {
                         va: w.remote_addr,
                         rkey: w.rkey,
                         dma_len: w.length,
                     });
                 }
-                if flags_of(opc) & op::IMM != 0 {
+                if opcode_flags(opc).has(OpFlags::IMM) {
                     t.imm = Some(w.imm);
                 }
             }

@@ -176,7 +176,7 @@ impl QpEngine {
                     *remaining -= len;
                     *first = false;
                     let mut t = TransportRepr::new(self.bth(opc, this_psn, false));
-                    if flags_of(opc) & op::AETH != 0 {
+                    if opcode_flags(opc).has(OpFlags::AETH) {
                         t.aeth = Some(AethRepr {
                             syndrome: syndrome::ACK_UNLIMITED,
                             msn,
@@ -299,7 +299,7 @@ impl QpEngine {
     pub(super) fn handle_request(
         &mut self,
         t: &TransportRepr,
-        flags: u32,
+        flags: OpFlags,
         payload: &[u8],
         mem: &mut MrTable,
     ) {
@@ -324,15 +324,21 @@ impl QpEngine {
         }
         self.resp.nak_seq_sent = false;
         let plen = payload.len() as u32;
-        let pos = flags & (op::FIRST | op::MIDDLE | op::LAST);
+        // A reserved opcode of the RC range at the expected PSN: the spec's
+        // Invalid Request (rxe drops it silently).
+        if flags.has(OpFlags::RESERVED) {
+            self.stats.reserved_opcodes += 1;
+            return self.responder_fatal(psn, syndrome::NAK_INVALID_REQUEST, None);
+        }
+        let pos = flags.position();
 
         // Opcode sequence: a message in progress must continue with its own
         // kind; otherwise only a FIRST or ONLY may start one.
-        let continues = pos == op::MIDDLE || pos == op::LAST;
+        let continues = pos.continues();
         let seq_ok = match self.resp.in_msg {
             InMsg::None => !continues,
-            InMsg::Send { .. } => continues && flags & op::SEND != 0,
-            InMsg::Write { .. } => continues && flags & op::WRITE != 0,
+            InMsg::Send { .. } => continues && flags.has(OpFlags::SEND),
+            InMsg::Write { .. } => continues && flags.has(OpFlags::WRITE),
         };
         if !seq_ok {
             return self.responder_fatal(psn, syndrome::NAK_INVALID_REQUEST, None);
@@ -340,9 +346,9 @@ impl QpEngine {
         // Payload sizes: FIRST and MIDDLE carry exactly one MTU, LAST and
         // ONLY at most one (LAST at least one byte).
         let len_ok = match pos {
-            p if p == op::FIRST || p == op::MIDDLE => plen == self.mtu,
-            p if p == op::LAST => plen >= 1 && plen <= self.mtu,
-            _ => plen <= self.mtu,
+            Position::First | Position::Middle => plen == self.mtu,
+            Position::Last => plen >= 1 && plen <= self.mtu,
+            Position::Only => plen <= self.mtu,
         };
         if !len_ok {
             return self.responder_fatal(psn, syndrome::NAK_INVALID_REQUEST, None);
@@ -355,7 +361,7 @@ impl QpEngine {
             return self.responder_fatal(psn, syndrome::NAK_INVALID_REQUEST, None);
         }
 
-        if flags & op::SEND != 0 {
+        if flags.has(OpFlags::SEND) {
             if t.ieth.is_some() {
                 // No memory windows or invalidation here.
                 return self.responder_fatal(psn, syndrome::NAK_INVALID_REQUEST, None);
@@ -386,7 +392,7 @@ impl QpEngine {
                 };
                 return self.responder_fatal(psn, code, Some((r.wr_id, st)));
             }
-            if flags & op::LAST != 0 {
+            if flags.has(OpFlags::LAST) {
                 self.resp.rq.pop_front();
                 self.completions.push_back(Wc {
                     wr_id: r.wr_id,
@@ -403,7 +409,7 @@ impl QpEngine {
                     offset: offset + plen,
                 };
             }
-        } else if flags & op::WRITE != 0 {
+        } else if flags.has(OpFlags::WRITE) {
             let (rkey, va, total, offset, imm_expected) = match self.resp.in_msg {
                 InMsg::Write {
                     rkey,
@@ -411,18 +417,18 @@ impl QpEngine {
                     total,
                     offset,
                     ..
-                } => (rkey, va, total, offset, flags & op::IMM != 0),
+                } => (rkey, va, total, offset, flags.has(OpFlags::IMM)),
                 _ => {
                     let Some(reth) = t.reth else {
                         return self.responder_fatal(psn, syndrome::NAK_INVALID_REQUEST, None);
                     };
-                    (reth.rkey, reth.va, reth.dma_len, 0, flags & op::IMM != 0)
+                    (reth.rkey, reth.va, reth.dma_len, 0, flags.has(OpFlags::IMM))
                 }
             };
             // The whole message must fit what the RETH announced, and a
             // FIRST must announce more than one packet's worth.
             let end = offset as u64 + plen as u64;
-            let last = flags & op::LAST != 0;
+            let last = flags.has(OpFlags::LAST);
             if end > total as u64 || (last && end != total as u64) {
                 return self.responder_fatal(psn, syndrome::NAK_INVALID_REQUEST, None);
             }
@@ -477,7 +483,7 @@ impl QpEngine {
                     imm: imm_expected,
                 };
             }
-        } else if flags & op::READ_REQUEST != 0 {
+        } else if flags.has(OpFlags::READ_REQUEST) {
             let Some(reth) = t.reth else {
                 return self.responder_fatal(psn, syndrome::NAK_INVALID_REQUEST, None);
             };
@@ -519,7 +525,7 @@ impl QpEngine {
             self.resp.epsn = psn_add(self.resp.epsn, npkts);
             self.resp.msn = psn_add(self.resp.msn, 1);
             return;
-        } else if flags & op::ATOMIC != 0 {
+        } else if flags.has(OpFlags::ATOMIC) {
             let Some(a) = t.atomic_eth else {
                 return self.responder_fatal(psn, syndrome::NAK_INVALID_REQUEST, None);
             };
@@ -603,12 +609,12 @@ impl QpEngine {
     pub(super) fn handle_duplicate(
         &mut self,
         t: &TransportRepr,
-        flags: u32,
+        flags: OpFlags,
         psn: u32,
         mem: &MrTable,
     ) {
         self.stats.duplicates_received += 1;
-        if flags & (op::SEND | op::WRITE) != 0 {
+        if flags.any(OpFlags::SEND | OpFlags::WRITE) {
             // Already applied: never apply twice, but answer every duplicate
             // (IBA C9-105, as rxe's duplicate_request() does, AckReq or not)
             // so that a requester whose ACKs were lost learns how far we are.
@@ -627,7 +633,7 @@ impl QpEngine {
             self.stats.dropped += 1;
             return;
         };
-        if flags & op::ATOMIC != 0 {
+        if flags.has(OpFlags::ATOMIC) {
             if res.atomic && res.first_psn == psn {
                 // Replay the saved result; never execute twice.
                 self.queue_resp(Resp::AtomicAck {

@@ -14,11 +14,12 @@ use core::ops::Range;
 
 use bytemuck::Pod;
 pub use rdma_common::{
-    ext_headers_len, op, opcode, opcode_flags, psn_add, psn_diff, Aeth, AtomicAckEth, AtomicEth,
-    Bth, Deth, EthHdr, Ieth, ImmDt, Ipv4Hdr, Ipv6Hdr, Reth, UdpHdr, VlanHdr, CNP_RESERVED_LEN,
-    ETH_P_8021AD, ETH_P_8021Q, ETH_P_IPV4, ETH_P_IPV6, ICRC_LEN, IPPROTO_UDP, MASK_24,
-    ROCE_V2_SPORT_MIN, ROCE_V2_UDP_PORT,
+    ext_headers_len, opcode, opcode_flags, opcode_name, psn_add, psn_diff, Aeth, AtomicAckEth,
+    AtomicEth, Bth, Deth, EthHdr, Ieth, ImmDt, Ipv4Hdr, Ipv6Hdr, Reth, UdpHdr, VlanHdr,
+    CNP_RESERVED_LEN, ETH_P_8021AD, ETH_P_8021Q, ETH_P_IPV4, ETH_P_IPV6, ICRC_LEN, IPPROTO_UDP,
+    MASK_24, ROCE_V2_SPORT_MIN, ROCE_V2_UDP_PORT,
 };
+pub use rdma_common::{OpFlags, OpcodeInfo, Position, OPCODE_FLAGS, OPCODE_TABLE};
 
 /// Why a frame was not accepted. Each reason is distinct so that drops can be
 /// counted under it.
@@ -107,52 +108,6 @@ impl Header for AtomicAckEth {}
 impl Header for ImmDt {}
 impl Header for Ieth {}
 impl Header for Deth {}
-
-/// Name of an opcode as the IBA and Wireshark spell it.
-pub fn opcode_name(opc: u8) -> &'static str {
-    use opcode::*;
-    match opc {
-        RC_SEND_FIRST => "RC_SEND_FIRST",
-        RC_SEND_MIDDLE => "RC_SEND_MIDDLE",
-        RC_SEND_LAST => "RC_SEND_LAST",
-        RC_SEND_LAST_WITH_IMMEDIATE => "RC_SEND_LAST_WITH_IMMEDIATE",
-        RC_SEND_ONLY => "RC_SEND_ONLY",
-        RC_SEND_ONLY_WITH_IMMEDIATE => "RC_SEND_ONLY_WITH_IMMEDIATE",
-        RC_RDMA_WRITE_FIRST => "RC_RDMA_WRITE_FIRST",
-        RC_RDMA_WRITE_MIDDLE => "RC_RDMA_WRITE_MIDDLE",
-        RC_RDMA_WRITE_LAST => "RC_RDMA_WRITE_LAST",
-        RC_RDMA_WRITE_LAST_WITH_IMMEDIATE => "RC_RDMA_WRITE_LAST_WITH_IMMEDIATE",
-        RC_RDMA_WRITE_ONLY => "RC_RDMA_WRITE_ONLY",
-        RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE => "RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE",
-        RC_RDMA_READ_REQUEST => "RC_RDMA_READ_REQUEST",
-        RC_RDMA_READ_RESPONSE_FIRST => "RC_RDMA_READ_RESPONSE_FIRST",
-        RC_RDMA_READ_RESPONSE_MIDDLE => "RC_RDMA_READ_RESPONSE_MIDDLE",
-        RC_RDMA_READ_RESPONSE_LAST => "RC_RDMA_READ_RESPONSE_LAST",
-        RC_RDMA_READ_RESPONSE_ONLY => "RC_RDMA_READ_RESPONSE_ONLY",
-        RC_ACKNOWLEDGE => "RC_ACKNOWLEDGE",
-        RC_ATOMIC_ACKNOWLEDGE => "RC_ATOMIC_ACKNOWLEDGE",
-        RC_COMPARE_SWAP => "RC_CMP_SWAP",
-        RC_FETCH_ADD => "RC_FETCH_ADD",
-        RC_SEND_LAST_WITH_INVALIDATE => "RC_SEND_LAST_WITH_INVALIDATE",
-        RC_SEND_ONLY_WITH_INVALIDATE => "RC_SEND_ONLY_WITH_INVALIDATE",
-        UC_SEND_FIRST => "UC_SEND_FIRST",
-        UC_SEND_MIDDLE => "UC_SEND_MIDDLE",
-        UC_SEND_LAST => "UC_SEND_LAST",
-        UC_SEND_LAST_WITH_IMMEDIATE => "UC_SEND_LAST_WITH_IMMEDIATE",
-        UC_SEND_ONLY => "UC_SEND_ONLY",
-        UC_SEND_ONLY_WITH_IMMEDIATE => "UC_SEND_ONLY_WITH_IMMEDIATE",
-        UC_RDMA_WRITE_FIRST => "UC_RDMA_WRITE_FIRST",
-        UC_RDMA_WRITE_MIDDLE => "UC_RDMA_WRITE_MIDDLE",
-        UC_RDMA_WRITE_LAST => "UC_RDMA_WRITE_LAST",
-        UC_RDMA_WRITE_LAST_WITH_IMMEDIATE => "UC_RDMA_WRITE_LAST_WITH_IMMEDIATE",
-        UC_RDMA_WRITE_ONLY => "UC_RDMA_WRITE_ONLY",
-        UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE => "UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE",
-        UD_SEND_ONLY => "UD_SEND_ONLY",
-        UD_SEND_ONLY_WITH_IMMEDIATE => "UD_SEND_ONLY_WITH_IMMEDIATE",
-        CNP => "CNP",
-        _ => "UNKNOWN",
-    }
-}
 
 // ---------------------------------------------------------------- Ethernet
 
@@ -653,36 +608,17 @@ pub struct AethRepr {
 #[inline(always)]
 fn ext_header<'a>(
     buf: &'a [u8],
-    flags: u32,
-    present: u32,
+    flags: OpFlags,
+    present: OpFlags,
     len: usize,
     off: &mut usize,
 ) -> Option<&'a [u8]> {
     let at = *off;
-    if flags & present == 0 {
+    if !flags.has(present) {
         return None;
     }
     *off += len;
     Some(&buf[at..])
-}
-
-/// Per opcode: its [`op`] flags and the length of its extension headers,
-/// looked up once per packet instead of decoded.
-static OPCODES: [(u32, u8); 256] = {
-    let mut t = [(0u32, 0u8); 256];
-    let mut i = 0;
-    while i < 256 {
-        let f = opcode_flags(i as u8);
-        t[i] = (f, ext_headers_len(f) as u8);
-        i += 1;
-    }
-    t
-};
-
-/// [`opcode_flags`] by table lookup (for per-packet use).
-#[inline]
-pub fn flags_of(opcode: u8) -> u32 {
-    OPCODES[opcode as usize].0
 }
 
 /// BTH plus the extension headers its opcode selects.
@@ -728,8 +664,8 @@ impl TransportRepr {
         if bth.tver != 0 {
             return Err(WireError::BadTver);
         }
-        let (flags, ext_len) = OPCODES[bth.opcode as usize];
-        if flags == 0 {
+        let (flags, ext_len) = OPCODE_FLAGS[bth.opcode as usize];
+        if !flags.is_known() {
             return Err(WireError::UnknownOpcode);
         }
         let hdr_len = Bth::LEN + ext_len as usize;
@@ -741,8 +677,9 @@ impl TransportRepr {
         // in one expression at the end, so it is written straight into the
         // caller's slot instead of being copied there.
         let mut off = Bth::LEN;
-        let mut next = |present: u32, len: usize| ext_header(buf, flags, present, len, &mut off);
-        let reth = next(op::RETH, Reth::LEN)
+        let mut next =
+            |present: OpFlags, len: usize| ext_header(buf, flags, present, len, &mut off);
+        let reth = next(OpFlags::RETH, Reth::LEN)
             .map(|b| {
                 Reth::view(b).map(|h| RethRepr {
                     va: h.va(),
@@ -751,7 +688,7 @@ impl TransportRepr {
                 })
             })
             .transpose()?;
-        let atomic_eth = next(op::ATOMIC_ETH, AtomicEth::LEN)
+        let atomic_eth = next(OpFlags::ATOMIC_ETH, AtomicEth::LEN)
             .map(|b| {
                 AtomicEth::view(b).map(|h| AtomicEthRepr {
                     va: h.va(),
@@ -761,7 +698,7 @@ impl TransportRepr {
                 })
             })
             .transpose()?;
-        let deth = next(op::DETH, Deth::LEN)
+        let deth = next(OpFlags::DETH, Deth::LEN)
             .map(|b| {
                 Deth::view(b).map(|h| DethRepr {
                     qkey: h.qkey(),
@@ -769,7 +706,7 @@ impl TransportRepr {
                 })
             })
             .transpose()?;
-        let aeth = next(op::AETH, Aeth::LEN)
+        let aeth = next(OpFlags::AETH, Aeth::LEN)
             .map(|b| {
                 Aeth::view(b).map(|h| AethRepr {
                     syndrome: h.syndrome,
@@ -777,16 +714,16 @@ impl TransportRepr {
                 })
             })
             .transpose()?;
-        let atomic_ack = next(op::ATOMIC_ACK_ETH, AtomicAckEth::LEN)
+        let atomic_ack = next(OpFlags::ATOMIC_ACK_ETH, AtomicAckEth::LEN)
             .map(|b| AtomicAckEth::view(b).map(|h| h.orig()))
             .transpose()?;
-        let imm = next(op::IMM, ImmDt::LEN)
+        let imm = next(OpFlags::IMM, ImmDt::LEN)
             .map(|b| ImmDt::view(b).map(|h| h.imm()))
             .transpose()?;
-        let ieth = next(op::IETH, Ieth::LEN)
+        let ieth = next(OpFlags::IETH, Ieth::LEN)
             .map(|b| Ieth::view(b).map(|h| h.rkey()))
             .transpose()?;
-        let cnp_reserved = next(op::CNP_RESERVED, CNP_RESERVED_LEN).map(|b| {
+        let cnp_reserved = next(OpFlags::CNP_RESERVED, CNP_RESERVED_LEN).map(|b| {
             let mut r = [0u8; CNP_RESERVED_LEN];
             r.copy_from_slice(&b[..CNP_RESERVED_LEN]);
             r
@@ -797,7 +734,7 @@ impl TransportRepr {
         if !padded.is_multiple_of(4) || pad > padded {
             return Err(WireError::BadPadCount);
         }
-        if flags & op::PAYLOAD == 0 && padded != 0 {
+        if !flags.any(OpFlags::PAYLOAD | OpFlags::RESERVED) && padded != 0 {
             return Err(WireError::BadPadCount);
         }
         Ok((
@@ -816,18 +753,18 @@ impl TransportRepr {
         ))
     }
 
-    pub fn flags(&self) -> u32 {
-        flags_of(self.bth.opcode)
+    pub fn flags(&self) -> OpFlags {
+        opcode_flags(self.bth.opcode)
     }
 
     pub fn header_len(&self) -> usize {
-        Bth::LEN + OPCODES[self.bth.opcode as usize].1 as usize
+        Bth::LEN + OPCODE_FLAGS[self.bth.opcode as usize].1 as usize
     }
 
     /// Writes the BTH and extension headers; the BTH pad count is taken from
     /// `payload_len`. Returns the header length.
     pub fn emit(&self, buf: &mut [u8], payload_len: usize) -> Result<usize> {
-        let (flags, ext_len) = OPCODES[self.bth.opcode as usize];
+        let (flags, ext_len) = OPCODE_FLAGS[self.bth.opcode as usize];
         let hl = Bth::LEN + ext_len as usize;
         if buf.len() < hl {
             return Err(WireError::Truncated);
@@ -836,7 +773,7 @@ impl TransportRepr {
         bth.pad_count = pad_for(payload_len) as u8;
         bth.emit(Bth::view_mut(buf)?);
         let mut off = Bth::LEN;
-        if flags & op::RETH != 0 {
+        if flags.has(OpFlags::RETH) {
             let r = self.reth.unwrap_or_default();
             let h = Reth::view_mut(&mut buf[off..])?;
             h.set_va(r.va);
@@ -844,7 +781,7 @@ impl TransportRepr {
             h.set_dma_len(r.dma_len);
             off += Reth::LEN;
         }
-        if flags & op::ATOMIC_ETH != 0 {
+        if flags.has(OpFlags::ATOMIC_ETH) {
             let r = self.atomic_eth.unwrap_or_default();
             let h = AtomicEth::view_mut(&mut buf[off..])?;
             h.set_va(r.va);
@@ -853,7 +790,7 @@ impl TransportRepr {
             h.set_compare(r.compare);
             off += AtomicEth::LEN;
         }
-        if flags & op::DETH != 0 {
+        if flags.has(OpFlags::DETH) {
             let r = self.deth.unwrap_or_default();
             let h = Deth::view_mut(&mut buf[off..])?;
             h.set_qkey(r.qkey);
@@ -861,26 +798,26 @@ impl TransportRepr {
             h.set_src_qpn(r.src_qpn);
             off += Deth::LEN;
         }
-        if flags & op::AETH != 0 {
+        if flags.has(OpFlags::AETH) {
             let r = self.aeth.unwrap_or_default();
             let h = Aeth::view_mut(&mut buf[off..])?;
             h.syndrome = r.syndrome;
             h.set_msn(r.msn);
             off += Aeth::LEN;
         }
-        if flags & op::ATOMIC_ACK_ETH != 0 {
+        if flags.has(OpFlags::ATOMIC_ACK_ETH) {
             AtomicAckEth::view_mut(&mut buf[off..])?.set_orig(self.atomic_ack.unwrap_or(0));
             off += AtomicAckEth::LEN;
         }
-        if flags & op::IMM != 0 {
+        if flags.has(OpFlags::IMM) {
             ImmDt::view_mut(&mut buf[off..])?.set_imm(self.imm.unwrap_or(0));
             off += ImmDt::LEN;
         }
-        if flags & op::IETH != 0 {
+        if flags.has(OpFlags::IETH) {
             Ieth::view_mut(&mut buf[off..])?.set_rkey(self.ieth.unwrap_or(0));
             off += Ieth::LEN;
         }
-        if flags & op::CNP_RESERVED != 0 {
+        if flags.has(OpFlags::CNP_RESERVED) {
             buf[off..off + CNP_RESERVED_LEN].copy_from_slice(&self.cnp_reserved.unwrap_or([0; 16]));
             off += CNP_RESERVED_LEN;
         }
@@ -1244,11 +1181,16 @@ pub(crate) mod tests {
         );
 
         let mut bad = buf;
-        bad[14 + 20 + 8] = 0x15;
+        bad[14 + 20 + 8] = 0xe0;
         assert_eq!(
             RoceRepr::parse(&bad[..n]).unwrap_err(),
             WireError::UnknownOpcode
         );
+        // A reserved RC opcode passes the opcode check (the QP NAKs it), so
+        // this frame, whose ICRC was not recomputed, fails on the ICRC.
+        let mut bad = buf;
+        bad[14 + 20 + 8] = 0x15;
+        assert_eq!(RoceRepr::parse(&bad[..n]).unwrap_err(), WireError::BadIcrc);
         let mut bad = buf;
         bad[14 + 20 + 8 + 1] |= 1;
         assert_eq!(RoceRepr::parse(&bad[..n]).unwrap_err(), WireError::BadTver);
