@@ -163,7 +163,7 @@ fn every_hostile_class_is_counted_under_its_reason_and_changes_nothing() {
             };
             match class {
                 Class::Truncated => {
-                    let n = st.rx_truncated + st.rx_bad_length;
+                    let n = st.rx_truncated + st.rx_bad_length + st.rx_bad_ip_header;
                     assert_eq!((n, nonzero(&st).len()), (1, 1), "{ctx}");
                 }
                 Class::BadIcrc => dp_only("rx_bad_icrc"),

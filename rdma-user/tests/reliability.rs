@@ -297,7 +297,11 @@ fn hostile_flood_is_counted_touches_nothing_and_valid_traffic_flows() {
         "datapath",
         &[
             "rx_truncated",
+            "rx_not_ip",
+            "rx_not_udp",
             "rx_not_roce",
+            "rx_fragment",
+            "rx_bad_ip_header",
             "rx_bad_length",
             "rx_bad_tver",
             "rx_unknown_opcode",

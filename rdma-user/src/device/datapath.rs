@@ -140,7 +140,17 @@ pub struct DpStats {
     pub rx_frames: u64,
     pub tx_frames: u64,
     pub rx_truncated: u64,
+    /// Not IPv4/IPv6 (after at most one VLAN tag).
+    pub rx_not_ip: u64,
+    /// IP, but not UDP.
+    pub rx_not_udp: u64,
+    /// UDP, but not to port 4791.
     pub rx_not_roce: u64,
+    /// A non-first IP fragment.
+    pub rx_fragment: u64,
+    /// IP header length or version wrong.
+    pub rx_bad_ip_header: u64,
+    /// IP or UDP length disagrees with the frame.
     pub rx_bad_length: u64,
     pub rx_bad_tver: u64,
     pub rx_unknown_opcode: u64,
@@ -157,10 +167,12 @@ impl DpStats {
     fn count(&mut self, e: WireError) {
         match e {
             WireError::Truncated => self.rx_truncated += 1,
-            WireError::NotIp | WireError::NotUdp | WireError::NotRoce | WireError::Fragment => {
-                self.rx_not_roce += 1
-            }
-            WireError::BadIpHeader | WireError::BadLength => self.rx_bad_length += 1,
+            WireError::NotIp => self.rx_not_ip += 1,
+            WireError::NotUdp => self.rx_not_udp += 1,
+            WireError::NotRoce => self.rx_not_roce += 1,
+            WireError::Fragment => self.rx_fragment += 1,
+            WireError::BadIpHeader => self.rx_bad_ip_header += 1,
+            WireError::BadLength => self.rx_bad_length += 1,
             WireError::BadTver => self.rx_bad_tver += 1,
             WireError::UnknownOpcode => self.rx_unknown_opcode += 1,
             WireError::BadPadCount => self.rx_bad_pad += 1,

@@ -1,6 +1,51 @@
 //! The responder (rxe_resp.c): receive checks on every incoming request,
 //! execution into memory and RECV WQEs, ACK/NAK generation, READ responses,
 //! atomics, and replay of duplicates. It never touches the send queue.
+//!
+//! # Receive checks
+//!
+//! Every check IBA vol. 1 chapter 9 asks of an incoming packet (the header
+//! validation of 9.6 and the responder behaviour of 9.7), in the order a
+//! packet meets them: where it runs, what we do, the counter, and the test
+//! that proves it. "Drop" is silent; "fatal" means NAK, the QP moves to ERR
+//! and outstanding work flushes (IBA 9.9.3 classes B-D, as rxe). Tests in
+//! `tests/` unless a path is given; counters: `xdp` (the XDP program's),
+//! `dp` (`device::datapath::DpStats`), `qp` ([`QpStats`]).
+//!
+//! | # | check | where | action | counter | test |
+//! |---|---|---|---|---|---|
+//! | 1 | Ethernet/IP/UDP: IPv4 or IPv6 (one VLAN tag at most), UDP port 4791, not a non-first fragment | XDP, `wire` | not RoCE: to the kernel | `xdp.pass_not_roce`, `pass_fragment`; `dp.rx_not_ip`, `rx_not_udp`, `rx_not_roce`, `rx_fragment` | `netns::crafted_frames_get_the_right_verdict_and_arrive_intact`, `wire::tests::distinct_errors` |
+//! | 2 | lengths: IP and UDP lengths agree with the frame, headers complete | XDP, `wire` | drop | `xdp.drop_truncated`; `dp.rx_truncated`, `rx_bad_ip_header`, `rx_bad_length` | `hostile::every_hostile_class_...` (Truncated), `wire::tests::distinct_errors` |
+//! | 3 | IPv4 header checksum | `wire` | drop | `dp.rx_bad_ip_checksum` | `wire::tests::distinct_errors` |
+//! | 4 | BTH TVer = 0 (9.6.1.2) | XDP, `wire` | drop | `xdp.drop_bad_tver`; `dp.rx_bad_tver` | `netns::crafted_frames_...`, `wire::tests::distinct_errors` |
+//! | 5 | opcode known to some transport we serve | XDP, `wire` | drop | `xdp.drop_unknown_opcode`; `dp.rx_unknown_opcode` | `hostile::...` (UnknownOpcode), `netns::crafted_frames_...` |
+//! | 6 | pad count within the payload; no payload on payload-less opcodes | `wire` | drop | `dp.rx_bad_pad` | `hostile::...` (BadPad) |
+//! | 7 | ICRC (RoCEv2 A17.3.3) | `wire` | drop (rxe: the same) | `dp.rx_bad_icrc` | `hostile::...` (BadIcrc), `captures` |
+//! | 8 | destination QP exists (9.6.1.4) | XDP firewall, `device` | drop | `xdp.drop_qpn_not_live`; `dp.rx_unknown_qpn` | `hostile::...` (UnknownQpn), `reliability::hostile_flood_...` |
+//! | 9 | source = the connected peer (RC: the address vector, 9.6.1.5) | XDP firewall, `device` | drop | `xdp.drop_spoofed_source`; `dp.rx_wrong_source` | `hostile::...` (SpoofedSource), `netns` firewall test |
+//! | 10 | opcode's transport = the QP's (RC) | [`QpEngine::handle_packet`] | drop | `qp.wrong_transport` | `responder_checks::opcodes_of_other_transports_are_dropped_silently` |
+//! | 11 | P_Key matches the QP's (9.6.1.1, 10.9.3) | [`QpEngine::handle_packet`] | drop | `qp.bad_pkey` | `responder_checks::pkey_must_match`, `hostile::...` (BadPkey) |
+//! | 12 | QP state accepts it: requests from RTR on, responses from RTS on (10.3.1) | [`QpEngine::handle_packet`] | drop | `qp.dropped` | `responder_checks::packets_outside_the_states_that_accept_them_are_dropped` |
+//! | 13 | PSN ahead of the expected PSN (9.7.3.1) | responder | NAK PSN sequence error, once per gap | `qp.out_of_sequence_received`, `seq_naks_sent` | `responder_checks::psn_sequence_error_naks_once_per_gap`, `hostile::...` (PsnFarAhead) |
+//! | 14 | PSN behind (duplicate, 9.7.4.1.4) | responder | SEND/WRITE: re-ACK, never re-apply (C9-105); READ: execute again; atomic: replay the saved result; unknown: drop | `qp.duplicates_received` | `responder_checks::duplicate_*`, `hostile::...` (PsnFarBehind) |
+//! | 15 | replays of duplicates beyond the response queue | responder | drop | `qp.dropped` | `responder_checks::duplicate_replays_are_bounded` |
+//! | 16 | reserved opcode of the RC range (0x15, 0x18-0x1f) | responder | fatal, NAK Invalid Request. rxe drops it silently; the spec's responder answers an unsupported opcode with Invalid Request | `qp.reserved_opcodes`, `errors` | `responder_checks::reserved_opcodes_are_invalid_requests`, `hostile::...` (ReservedOpcode), `netns::crafted_frames_...` (XDP lets it through) |
+//! | 17 | opcode sequence: MIDDLE/LAST only inside a message of their kind, FIRST/ONLY only outside (9.7.5.1.1) | responder | fatal, NAK Invalid Request | `qp.errors` | `responder_checks::opcode_sequence_errors`, `hostile::...` (MiddleWithoutFirst, LastAfterOnly) |
+//! | 18 | payload length: FIRST and MIDDLE exactly one MTU, LAST 1..=MTU, ONLY at most one MTU (9.7.5.1.2) | responder | fatal, NAK Invalid Request | `qp.errors` | `responder_checks::packet_lengths_follow_the_mtu`, `length_errors` |
+//! | 19 | RETH DMA length at most 2^31 (C9-92), before any key | responder | fatal, NAK Invalid Request (as rxe's `check_length`) | `qp.errors` | `responder_checks::remote_access_errors_nak_and_leave_memory_untouched`, `hostile::...` (DmaLenTooLarge) |
+//! | 20 | WRITE: the message's bytes = the RETH's DMA length | responder | fatal, NAK Invalid Request | `qp.errors` | `responder_checks::length_errors` |
+//! | 21 | SEND with invalidate (IETH): no memory windows here | responder | fatal, NAK Invalid Request | `qp.errors` | `responder_checks::send_with_invalidate_is_an_invalid_request` |
+//! | 22 | R_Key valid, in the QP's PD, VA range inside the MR, MR grants the access (9.7.5.1.3, 10.6.7) | responder, [`crate::memory`] | fatal, NAK Remote Access Error; memory untouched | `qp.errors` | `responder_checks::remote_access_errors_nak_and_leave_memory_untouched`, `hostile::...` (WrongRkey, VaOutsideMr, ReadTooLarge) |
+//! | 23 | QP access flags grant remote WRITE / READ / atomic (10.2.1) | responder | fatal, NAK Remote Access Error | `qp.errors` | `responder_checks::qp_access_flags_gate_remote_operations` |
+//! | 24 | atomic VA 8-byte aligned (9.4.5) | responder, [`crate::memory`] | fatal, NAK Invalid Request (rxe: the same) | `qp.errors` | `responder_checks::remote_access_errors_...` (unaligned), `hostile::...` (UnalignedAtomic) |
+//! | 25 | resources: a RECV WQE for SEND and WRITE with immediate (9.7.5.1.4) | responder | RNR NAK with min_rnr_timer; the PSN is not consumed | `qp.rnr_naks_sent` | `responder_checks::rnr_nak_when_no_recv_is_posted_then_success` |
+//! | 26 | resources: outstanding READ/atomic requests at most max_dest_rd_atomic (9.5.8.1) | responder | fatal, NAK Invalid Request | `qp.errors` | `responder_checks::more_reads_than_max_dest_rd_atomic_is_an_invalid_request` |
+//! | 27 | the RECV WQE holds the message (length) | responder | fatal, NAK Invalid Request; the WQE completes with LOC_LEN_ERR | `qp.errors` | `responder_checks::length_errors` |
+//! | 28 | the RECV WQE's lkeys are valid (local protection) | responder | fatal, NAK Remote Operational Error; the WQE completes with LOC_QP_OP_ERR | `qp.errors` | `responder_checks::recv_wqe_with_a_bad_lkey_is_a_remote_operational_error` |
+//!
+//! Not checked, and why: the LRH/GRH fields of native InfiniBand (RoCEv2
+//! has IP instead), Q_Key (UD only), MigReq/APM (no alternate paths), and
+//! the SE bit (no event channel: completions are polled).
 
 use super::*;
 
