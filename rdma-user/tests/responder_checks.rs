@@ -805,7 +805,9 @@ fn recv_wqe_with_a_bad_lkey_is_a_remote_operational_error() {
 fn packet_lengths_follow_the_mtu() {
     use opcode::*;
     // (name, packets before with their lengths, offending opcode and length)
-    let cases: &[(&str, &[(u8, usize)], (u8, usize))] = &[
+    /// An opcode and its payload length.
+    type Pkt = (u8, usize);
+    let cases: &[(&str, &[Pkt], Pkt)] = &[
         ("ONLY longer than the MTU", &[], (RC_SEND_ONLY, 257)),
         (
             "MIDDLE shorter than the MTU",
