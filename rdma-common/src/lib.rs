@@ -692,8 +692,11 @@ pub struct LiveQp {
 }
 
 // Map values the userspace loader reads and writes through aya.
+// SAFETY: bytemuck's Pod derive above already proved it: repr(C), only
+// integer and byte-array fields, no padding, every bit pattern valid.
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for LiveQp {}
+// SAFETY: as for LiveQp (bytemuck's Pod derive: repr(C), no padding).
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for XdpConfig {}
 
@@ -725,7 +728,13 @@ mod tests {
         assert_eq!(core::mem::size_of::<AtomicEth>(), AtomicEth::LEN);
         assert_eq!(core::mem::size_of::<AtomicAckEth>(), AtomicAckEth::LEN);
         assert_eq!(core::mem::size_of::<Deth>(), Deth::LEN);
+        // The XDP program reads headers in place at any offset: alignment 1.
         assert_eq!(core::mem::align_of::<Bth>(), 1);
+        assert_eq!(core::mem::align_of::<EthHdr>(), 1);
+        assert_eq!(core::mem::align_of::<VlanHdr>(), 1);
+        assert_eq!(core::mem::align_of::<Ipv4Hdr>(), 1);
+        assert_eq!(core::mem::align_of::<Ipv6Hdr>(), 1);
+        assert_eq!(core::mem::align_of::<UdpHdr>(), 1);
         assert_eq!(core::mem::size_of::<LiveQp>(), 20);
     }
 

@@ -52,6 +52,8 @@ pub fn rdma_xdp(ctx: XdpContext) -> u32 {
 #[inline(always)]
 fn count(reason: u32) {
     if let Some(c) = STATS.get_ptr_mut(reason) {
+        // SAFETY: a per-CPU array slot: only this CPU's program touches it,
+        // and the map outlives the program.
         unsafe { *c += 1 };
     }
 }
@@ -77,15 +79,19 @@ fn classify(ctx: &XdpContext) -> (u32, u32) {
         return (PASS, stat::PASS_NOT_IP);
     };
     let mut l3 = EthHdr::LEN;
+    // SAFETY: `ptr_at` checked the header lies inside the linear frame data;
+    // EthHdr is packed bytes (alignment 1).
     let mut ethertype = unsafe { (*eth).ethertype() };
     if ethertype == ETH_P_8021Q || ethertype == ETH_P_8021AD {
         let Some(tag) = ptr_at::<VlanHdr>(ctx, l3) else {
             return (PASS, stat::PASS_NOT_IP);
         };
+        // SAFETY: bounds checked by `ptr_at`; VlanHdr has alignment 1.
         ethertype = unsafe { (*tag).ethertype() };
         l3 += VlanHdr::LEN;
     }
     // Total frame length, fragments included (multi-buffer frames).
+    // SAFETY: the helper only reads the context the kernel handed us.
     let frame_len = unsafe { bpf_xdp_get_buff_len(ctx.ctx) } as usize;
 
     let (l4, ip_end, src) = match ethertype {
@@ -93,6 +99,7 @@ fn classify(ctx: &XdpContext) -> (u32, u32) {
             let Some(ip) = ptr_at::<Ipv4Hdr>(ctx, l3) else {
                 return (PASS, stat::PASS_NOT_IP);
             };
+            // SAFETY: bounds checked by `ptr_at`; Ipv4Hdr has alignment 1.
             let ip = unsafe { &*ip };
             if ip.protocol != IPPROTO_UDP {
                 return (PASS, stat::PASS_NOT_ROCE);
@@ -118,6 +125,7 @@ fn classify(ctx: &XdpContext) -> (u32, u32) {
             let Some(ip) = ptr_at::<Ipv6Hdr>(ctx, l3) else {
                 return (PASS, stat::PASS_NOT_IP);
             };
+            // SAFETY: bounds checked by `ptr_at`; Ipv6Hdr has alignment 1.
             let ip = unsafe { &*ip };
             if ip.next_header != IPPROTO_UDP {
                 return (PASS, stat::PASS_NOT_ROCE);
@@ -133,6 +141,7 @@ fn classify(ctx: &XdpContext) -> (u32, u32) {
     let Some(udp) = ptr_at::<UdpHdr>(ctx, l4) else {
         return (PASS, stat::PASS_NOT_ROCE);
     };
+    // SAFETY: bounds checked by `ptr_at`; UdpHdr has alignment 1.
     let udp = unsafe { &*udp };
     if udp.dst_port() != ROCE_V2_UDP_PORT {
         return (PASS, stat::PASS_NOT_ROCE);
@@ -142,6 +151,7 @@ fn classify(ctx: &XdpContext) -> (u32, u32) {
     let Some(bth) = ptr_at::<Bth>(ctx, bth_off) else {
         return (DROP, stat::DROP_TRUNCATED);
     };
+    // SAFETY: bounds checked by `ptr_at`; Bth has alignment 1.
     let bth = unsafe { &*bth };
     if bth.tver() != 0 {
         return (DROP, stat::DROP_BAD_TVER);
@@ -163,7 +173,9 @@ fn classify(ctx: &XdpContext) -> (u32, u32) {
     let qpn = bth.dest_qpn();
     // QP1 (GSI, RDMA CM) is always let through to userspace.
     if firewall && qpn != 1 {
-        match unsafe { LIVE_QPS.get(&qpn) } {
+        // SAFETY: userspace may update the entry concurrently; we copy out
+        // plain bytes and a torn read only misjudges this one packet.
+        match unsafe { LIVE_QPS.get(qpn) } {
             None => return (DROP, stat::DROP_QPN_NOT_LIVE),
             Some(live) => {
                 if live.connected != 0

@@ -36,17 +36,25 @@ fn note() {
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         note();
+        // SAFETY: the caller upholds GlobalAlloc's contract, which we
+        // pass on unchanged.
         unsafe { System.alloc(l) }
     }
     unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
         note();
+        // SAFETY: the caller upholds GlobalAlloc's contract, which we
+        // pass on unchanged.
         unsafe { System.alloc_zeroed(l) }
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
         note();
+        // SAFETY: the caller upholds GlobalAlloc's contract, which we
+        // pass on unchanged.
         unsafe { System.realloc(p, l, n) }
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: the caller upholds GlobalAlloc's contract, which we
+        // pass on unchanged.
         unsafe { System.dealloc(p, l) }
     }
 }

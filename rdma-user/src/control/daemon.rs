@@ -240,6 +240,7 @@ async fn control_plane(ctl: Arc<Ctl>, sock: PathBuf, cm_port: u16) -> Result<()>
 /// Only root may drive the daemon (the socket is 0600 too; this also
 /// refuses a root-owned fd passed to someone else).
 fn peer_is_root(stream: &UnixStream) -> bool {
+    // SAFETY: ucred is plain integers; all zeroes is a valid value.
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: getsockopt into a local struct of the right size.

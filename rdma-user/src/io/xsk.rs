@@ -129,14 +129,20 @@ impl Drop for SharedMem {
     }
 }
 
-/// The first `len` bytes of the UMEM chunk at `addr`, for TX. Only for a
-/// chunk just taken off the free list (ours alone until its descriptor is
-/// queued); the mapping is not borrowed from Rust memory, hence `&SharedMem`.
+/// The first `len` bytes of the UMEM chunk at `addr`, for TX. The mapping
+/// is not borrowed from Rust memory, hence `&SharedMem`.
+///
+/// # Safety
+///
+/// The chunk must be ours alone for the lifetime of the slice: just taken
+/// off the free list, its descriptor not yet queued to the kernel, and no
+/// other slice of it alive.
 #[allow(clippy::mut_from_ref)]
-fn chunk_mut(mem: &SharedMem, addr: u64, len: usize) -> &mut [u8] {
+unsafe fn chunk_mut(mem: &SharedMem, addr: u64, len: usize) -> &mut [u8] {
     assert!(addr as usize + len <= mem.len(), "chunk outside UMEM");
-    // SAFETY: inside the mapping (checked), and the chunk is free: nothing
-    // else, the kernel included, reads or writes it meanwhile.
+    // SAFETY: inside the mapping (checked above), and by the caller's
+    // contract nothing else, the kernel included, reads or writes the chunk
+    // while the slice lives.
     unsafe { std::slice::from_raw_parts_mut(mem.as_ptr().add(addr as usize), len) }
 }
 
@@ -344,10 +350,11 @@ impl Xsk {
             }
             let piece_len = d.len as usize;
             if len + piece_len <= self.scratch.len() {
-                // SAFETY: the kernel handed us this descriptor; bounds are
-                // checked against the mapping.
                 let off = d.addr as usize;
                 assert!(off + piece_len <= self.mem.len(), "descriptor outside UMEM");
+                // SAFETY: the kernel handed us this descriptor (it no longer
+                // writes the chunk until we give it back), and the bounds are
+                // checked against the mapping just above.
                 let src =
                     unsafe { std::slice::from_raw_parts(self.mem.as_ptr().add(off), piece_len) };
                 self.scratch[len..len + piece_len].copy_from_slice(src);
@@ -405,7 +412,9 @@ impl Xsk {
             return false;
         }
         let addr = self.free.pop().expect("room checked");
-        let len = build(chunk_mut(&self.mem, addr, fs));
+        // SAFETY: `addr` was just popped off the free list: no descriptor
+        // for it is queued, and no other slice of it exists.
+        let len = build(unsafe { chunk_mut(&self.mem, addr, fs) });
         if len > 0 && len <= fs {
             self.tx_backlog.push_back(XdpDesc {
                 addr,
@@ -426,7 +435,8 @@ impl Xsk {
         for i in 0..nchunks {
             let addr = self.free.pop().expect("room checked");
             let piece = (len - i * fs).min(fs);
-            chunk_mut(&self.mem, addr, piece)
+            // SAFETY: popped off the free list just now, not yet queued.
+            unsafe { chunk_mut(&self.mem, addr, piece) }
                 .copy_from_slice(&self.scratch[i * fs..i * fs + piece]);
             self.tx_backlog.push_back(XdpDesc {
                 addr,
@@ -488,7 +498,8 @@ impl Xsk {
             return false;
         }
         let addr = self.free.pop().expect("room checked");
-        chunk_mut(&self.mem, addr, head.len()).copy_from_slice(head);
+        // SAFETY: popped off the free list just now, not yet queued.
+        unsafe { chunk_mut(&self.mem, addr, head.len()) }.copy_from_slice(head);
         self.tx_backlog.push_back(XdpDesc {
             addr,
             len: head.len() as u32,

@@ -183,12 +183,40 @@ impl MemoryRegion {
     }
 }
 
-/// A checked window into one region.
+/// A checked window into one region. Only [`MrTable::resolve`] makes one
+/// (the fields are private), so a window is always inside its region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Resolved {
-    pub slot: usize,
-    pub offset: usize,
-    pub len: usize,
+    slot: usize,
+    offset: usize,
+    len: usize,
+}
+
+impl Resolved {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Offset of the window within its region.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+}
+
+/// The target of a remote atomic: 8 bytes, 8-byte aligned in memory. Only
+/// [`MrTable::resolve_atomic`] makes one, after checking both, so safe code
+/// cannot hand [`MrTable::atomic`] a window it may not treat as an
+/// `AtomicU64`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AtomicTarget(Resolved);
+
+impl AtomicTarget {
+    /// The 8-byte window, to read it as bytes.
+    pub fn window(&self) -> Resolved {
+        self.0
+    }
 }
 
 /// All memory regions of one device.
@@ -429,11 +457,12 @@ impl MrTable {
 
     /// Executes an 8-byte atomic at a resolved, aligned window. The value is in
     /// host byte order in memory, as on hardware and rxe. Returns the original.
-    pub fn atomic(&mut self, r: Resolved, op: AtomicOp) -> u64 {
-        let s = self.slice_mut(r);
-        debug_assert_eq!(s.len(), 8);
-        // SAFETY: 8 bytes, 8-byte aligned (checked by the caller via the VA
-        // and the region's base alignment, see `resolve_atomic`).
+    pub fn atomic(&mut self, t: AtomicTarget, op: AtomicOp) -> u64 {
+        let s = self.slice_mut(t.0);
+        assert!(s.len() == 8 && (s.as_ptr() as usize).is_multiple_of(8));
+        // SAFETY: `s` is 8 bytes, 8-byte aligned (checked by
+        // `resolve_atomic`, the only maker of an AtomicTarget, and asserted
+        // above), and borrowed exclusively for the lifetime of `a`.
         let a = unsafe { &*(s.as_mut_ptr() as *const AtomicU64) };
         match op {
             AtomicOp::FetchAdd(add) => a.fetch_add(add, Ordering::SeqCst),
@@ -447,7 +476,7 @@ impl MrTable {
 
     /// Resolves the target of a remote atomic: REMOTE_ATOMIC permission, 8
     /// bytes, 8-byte aligned both in the peer's VA and in our memory.
-    pub fn resolve_atomic(&self, rkey: u32, pd: u32, va: u64) -> Result<Resolved, AccessError> {
+    pub fn resolve_atomic(&self, rkey: u32, pd: u32, va: u64) -> Result<AtomicTarget, AccessError> {
         if !va.is_multiple_of(8) {
             return Err(AccessError::Unaligned);
         }
@@ -456,7 +485,7 @@ impl MrTable {
         if !ptr.is_multiple_of(8) {
             return Err(AccessError::Unaligned);
         }
-        Ok(r)
+        Ok(AtomicTarget(r))
     }
 }
 
@@ -578,6 +607,6 @@ mod tests {
             5
         );
         assert_eq!(t.atomic(r, AtomicOp::FetchAdd(1)), 9);
-        assert_eq!(t.slice(r), &10u64.to_ne_bytes());
+        assert_eq!(t.slice(r.window()), &10u64.to_ne_bytes());
     }
 }
