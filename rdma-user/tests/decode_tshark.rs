@@ -1,4 +1,4 @@
-//! `rdma decode` must agree with Wireshark's InfiniBand dissector on the
+//! `rdma-xdp decode` must agree with Wireshark's InfiniBand dissector on the
 //! opcode, destination QPN and PSN of every RoCEv2 packet in the captures.
 
 use std::path::PathBuf;
@@ -32,7 +32,7 @@ fn tshark_fields(pcap: &PathBuf) -> Vec<(u8, u32, u32)> {
 }
 
 fn our_fields(pcap: &PathBuf) -> Vec<(u8, u32, u32)> {
-    let out = Command::new(env!("CARGO_BIN_EXE_rdma"))
+    let out = Command::new(env!("CARGO_BIN_EXE_rdma-xdp"))
         .arg("decode")
         .arg(pcap)
         .output()

@@ -78,7 +78,7 @@ struct Recv {
     stats: Value,
 }
 
-/// Runs `rdma xsk-recv` on host B while `inject` sends from host A.
+/// Runs `rdma-xdp xsk-recv` on host B while `inject` sends from host A.
 fn xsk_recv(lab: &Lab, count: usize, frames: &[Vec<u8>], extra: &[&str]) -> Recv {
     let count = count.to_string();
     let mut args = vec![

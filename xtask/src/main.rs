@@ -223,7 +223,7 @@ fn build(release: bool) -> Result<PathBuf> {
     Ok(root()
         .join("target")
         .join(if release { "release" } else { "debug" })
-        .join("rdma"))
+        .join("rdma-xdp"))
 }
 
 fn run(release: bool, args: &[String]) -> Result<()> {
@@ -1075,7 +1075,7 @@ fn rxe_counters(script: &Path) -> Result<Counters> {
     Ok(m)
 }
 
-/// ibv_rc_pingpong with its data check against our `rdma pingpong`, over
+/// ibv_rc_pingpong with its data check against our `rdma-xdp pingpong`, over
 /// the IPv4 GIDs or the IPv6 ones.
 fn pingpong_case(prefix: &str, s: usize, n: u32, rxe_server: bool, v6: bool) -> Case {
     let role = if rxe_server { "server" } else { "client" };
@@ -1111,7 +1111,7 @@ fn pingpong_case(prefix: &str, s: usize, n: u32, rxe_server: bool, v6: bool) -> 
     }
 }
 
-/// A perftest tool in the VM against our `rdma bench`: rxe as the server
+/// A perftest tool in the VM against our `rdma-xdp bench`: rxe as the server
 /// (our client must print its result) or as the client (both must).
 fn perf_case(
     prefix: &str,

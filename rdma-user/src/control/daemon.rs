@@ -1,4 +1,4 @@
-//! The controller daemon (`rdma up`): owns the XDP program and AF_XDP
+//! The controller daemon (`rdma-xdp up`): owns the XDP program and AF_XDP
 //! sockets of one interface, runs the data path on its own thread, and serves
 //! the CLI over a root-only unix socket. tokio runs the control plane only.
 //!
@@ -310,7 +310,7 @@ fn find_mr(dp: &DataPath, key: u32) -> Result<(u32, u64, usize)> {
         .mem
         .by_lkey(key)
         .or_else(|| dp.core.mem.by_rkey(key))
-        .ok_or_else(|| anyhow!("unknown memory region key {key:#x}; see `rdma mr list`"))?;
+        .ok_or_else(|| anyhow!("unknown memory region key {key:#x}; see `rdma-xdp mr list`"))?;
     Ok((mr.lkey, mr.addr, mr.len()))
 }
 
@@ -588,7 +588,7 @@ async fn connect_via_peer(
         .await
         .map_err(|_| anyhow!("peer daemon at {addr} did not answer within 3 s"))?
         .with_context(|| {
-            format!("connect to the peer daemon at {addr}; is `rdma up` running there?")
+            format!("connect to the peer daemon at {addr}; is `rdma-xdp up` running there?")
         })?;
     let hello = json!({"qpn": qpn, "psn": psn, "mac": hostnet::fmt_mac(&ctl.mac), "ip": local_ip.to_string(), "target_qpn": remote_qpn, "mtu": mtu});
     s.write_all(format!("{hello}\n").as_bytes()).await?;
@@ -785,7 +785,7 @@ async fn wait_wcs(
         .map_err(|_| anyhow!("lock"))?
         .get(&qpn)
         .map(|e| e.0)
-        .ok_or_else(|| anyhow!("no QP {qpn:#x}; see `rdma qp list`"))?;
+        .ok_or_else(|| anyhow!("no QP {qpn:#x}; see `rdma-xdp qp list`"))?;
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
     loop {
         let fresh: Vec<Wc> = ctl

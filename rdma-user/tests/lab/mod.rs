@@ -18,7 +18,7 @@ pub fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_rdma");
+pub const BIN: &str = env!("CARGO_BIN_EXE_rdma-xdp");
 
 pub struct Lab {
     pub ns: [String; 2],
@@ -33,7 +33,7 @@ pub struct Relay {
     pub ns: String,
     /// Its interfaces towards A and towards B.
     pub dev: [String; 2],
-    /// The running `rdma relay`, killed with the lab if a test fails.
+    /// The running `rdma-xdp relay`, killed with the lab if a test fails.
     proc: Option<Child>,
 }
 
@@ -123,7 +123,7 @@ impl Lab {
         lab
     }
 
-    /// Starts `rdma relay` between A and B with these impairment flags;
+    /// Starts `rdma-xdp relay` between A and B with these impairment flags;
     /// `stop_relay` reads its counters.
     pub fn start_relay(&mut self, flags: &[&str]) {
         let r = self.relay.as_mut().expect("a lab with a relay");
