@@ -1,0 +1,243 @@
+//! `cargo xtask bench`: perftest-style tests, same-link baselines and the engine
+//! microbenchmark; the table with target ratios and results.json.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use serde_json::Value;
+
+use crate::{lab::*, root, setup::*};
+
+pub(crate) struct Job {
+    /// `bench TEST` or `baseline KIND`.
+    pub(crate) args: Vec<String>,
+    /// Which side writes the record: the client, or the server (streams).
+    pub(crate) from_server: bool,
+}
+
+pub(crate) fn bench(quick: bool) -> Result<()> {
+    let bin = build(true)?;
+    let ns = ["rdmabench-a".to_string(), "rdmabench-b".to_string()];
+    let lab = Lab::fresh(&ns, false);
+    let addrs = ["10.89.0.1", "10.89.0.2"];
+    let devs = ["rbench-a", "rbench-b"];
+    veth_pair(&ns, devs, addrs)?;
+    let out_dir = root().join("target/bench");
+    std::fs::create_dir_all(&out_dir)?;
+    let (lat_n, bw_n) = if quick {
+        ("2000", "20000")
+    } else {
+        ("20000", "200000")
+    };
+    let mut jobs: Vec<Job> = Vec::new();
+    let j = |s: &str, from_server: bool| Job {
+        args: s.split_whitespace().map(String::from).collect(),
+        from_server,
+    };
+    for t in ["write-lat", "read-lat", "send-lat"] {
+        for s in [2, 64, 4096] {
+            jobs.push(j(&format!("bench {t} -s {s} -n {lat_n}"), false));
+        }
+    }
+    jobs.push(j(&format!("bench atomic-lat -s 8 -n {lat_n}"), false));
+    for t in ["write-bw", "read-bw", "send-bw"] {
+        for s in [64, 4096, 65536] {
+            let n: u64 = bw_n.parse::<u64>()? / if s >= 65536 { 20 } else { 1 };
+            jobs.push(j(&format!("bench {t} -s {s} -n {n}"), false));
+        }
+    }
+    for s in [2, 64] {
+        jobs.push(j(
+            &format!("baseline afxdp-pingpong -s {s} -n {lat_n}"),
+            false,
+        ));
+        jobs.push(j(
+            &format!("baseline udp-pingpong -s {s} -n {lat_n}"),
+            false,
+        ));
+        jobs.push(j(
+            &format!("baseline tcp-pingpong -s {s} -n {lat_n}"),
+            false,
+        ));
+    }
+    for s in [64, 1024] {
+        jobs.push(j(&format!("baseline afxdp-stream -s {s} -n {bw_n}"), true));
+        jobs.push(j(&format!("baseline udp-stream -s {s} -n {bw_n}"), true));
+    }
+    jobs.push(j(
+        &format!(
+            "baseline tcp-stream -s 65536 -n {}",
+            bw_n.parse::<u64>()? / 20
+        ),
+        true,
+    ));
+    let mut records: Vec<Value> = Vec::new();
+    let total = jobs.len() + 1;
+    for (k, job) in jobs.iter().enumerate() {
+        eprintln!("[{}/{total}] {}", k + 1, job.args.join(" "));
+        let sj = out_dir.join("server.json");
+        let cj = out_dir.join("client.json");
+        let _ = std::fs::remove_file(&sj);
+        let _ = std::fs::remove_file(&cj);
+        let mut server = Command::new("ip")
+            .args(["netns", "exec", &ns[1]])
+            .arg(&bin)
+            .args(&job.args)
+            .args(["--dev", devs[1], "--cpu", "1", "--json"])
+            .arg(&sj)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        std::thread::sleep(Duration::from_millis(400));
+        let mut cargs = job.args.clone();
+        cargs.insert(2, addrs[1].to_string());
+        let client = Command::new("ip")
+            .args(["netns", "exec", &ns[0]])
+            .arg(&bin)
+            .args(&cargs)
+            .args(["--dev", devs[0], "--cpu", "0", "--json"])
+            .arg(&cj)
+            .output()?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline && server.try_wait()?.is_none() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = server.kill();
+        let sout = server.wait_with_output()?;
+        if !client.status.success() {
+            eprintln!(
+                "   failed: {}",
+                String::from_utf8_lossy(&client.stderr).trim()
+            );
+            continue;
+        }
+        let file = if job.from_server { &sj } else { &cj };
+        match read_json(file).and_then(|v| v.as_array().cloned()) {
+            Some(v) => records.extend(v),
+            None => eprintln!(
+                "   no result ({})",
+                String::from_utf8_lossy(&sout.stderr).trim()
+            ),
+        }
+    }
+    eprintln!("[{total}/{total}] engine microbenchmark");
+    let ej = out_dir.join("engine.json");
+    let n = if quick { "200000" } else { "2000000" };
+    sh(Command::new(&bin)
+        .args(["baseline", "--engine", "-n", n, "--cpu", "0", "--json"])
+        .arg(&ej)
+        .stdout(Stdio::null()))?;
+    records.extend(serde_json::from_str::<Vec<Value>>(
+        &std::fs::read_to_string(&ej)?,
+    )?);
+    drop(lab);
+    std::fs::write(
+        out_dir.join("results.json"),
+        serde_json::to_string_pretty(&records)?,
+    )?;
+    let md = summary(&records);
+    std::fs::write(out_dir.join("summary.md"), &md)?;
+    println!("{md}");
+    println!("wrote target/bench/results.json and target/bench/summary.md");
+    Ok(())
+}
+
+pub(crate) fn find<'a>(r: &'a [Value], test: &str, bytes: u64) -> Option<&'a Value> {
+    r.iter().find(|x| x["test"] == test && x["bytes"] == bytes)
+}
+
+pub(crate) fn summary(r: &[Value]) -> String {
+    let mut s = String::new();
+    s += "| test | bytes | iters | t_typical us | t_avg us | p99 us | BW avg Gb/s | Mpps |\n|---|---|---|---|---|---|---|---|\n";
+    let f = |v: &Value, k: &str| {
+        v[k].as_f64()
+            .map(|x| format!("{x:.2}"))
+            .unwrap_or_else(|| "-".into())
+    };
+    for x in r {
+        s += &format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            x["test"].as_str().unwrap_or(""),
+            x["bytes"],
+            x["iters"],
+            f(x, "t_typical_us"),
+            f(x, "t_avg_us"),
+            f(x, "p99_us"),
+            f(x, "bw_avg_gbps"),
+            f(x, "msg_rate_mpps")
+        );
+    }
+    s += "\n| target | measured | ratio | goal |\n|---|---|---|---|\n";
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
+        _ => "-".into(),
+    };
+    let tt = |t: &str, b: u64| find(r, t, b).and_then(|v| v["t_typical_us"].as_f64());
+    let bw = |t: &str, b: u64| find(r, t, b).and_then(|v| v["bw_avg_gbps"].as_f64());
+    let pps = |t: &str, b: u64| find(r, t, b).and_then(|v| v["msg_rate_mpps"].as_f64());
+    for (name, a, b, goal) in [
+        (
+            "write_lat 2 B / afxdp_pingpong 2 B (t_typical)",
+            tt("write_lat", 2),
+            tt("afxdp_pingpong", 2),
+            "<= 1.3",
+        ),
+        (
+            "read_lat 2 B / afxdp_pingpong 2 B",
+            tt("read_lat", 2),
+            tt("afxdp_pingpong", 2),
+            "<= 1.5",
+        ),
+        (
+            "send_lat 2 B / afxdp_pingpong 2 B",
+            tt("send_lat", 2),
+            tt("afxdp_pingpong", 2),
+            "<= 1.5",
+        ),
+        (
+            "write_bw 65536 B / afxdp_stream 1024 B (Gb/s, same 1024 MTU)",
+            bw("write_bw", 65536),
+            bw("afxdp_stream", 1024),
+            ">= 0.8",
+        ),
+        (
+            "write_bw 64 B msg rate / afxdp_stream 64 B pps",
+            pps("write_bw", 64),
+            pps("afxdp_stream", 64),
+            ">= 0.7",
+        ),
+        (
+            "write_lat 64 B / tcp_pingpong 64 B",
+            tt("write_lat", 64),
+            tt("tcp_pingpong", 64),
+            "< 1",
+        ),
+        (
+            "send_lat 64 B / tcp_pingpong 64 B",
+            tt("send_lat", 64),
+            tt("tcp_pingpong", 64),
+            "< 1",
+        ),
+    ] {
+        s += &format!(
+            "| {name} | {} / {} | {} | {goal} |\n",
+            a.map(|x| format!("{x:.2}")).unwrap_or("-".into()),
+            b.map(|x| format!("{x:.2}")).unwrap_or("-".into()),
+            ratio(a, b)
+        );
+    }
+    if let Some(e) = find(r, "engine_write_64", 64) {
+        let m = |k: &str| {
+            e[k].as_f64()
+                .map(|x| format!("{x:.2}"))
+                .unwrap_or("-".into())
+        };
+        s += &format!(
+            "| engine 64 B WRITEs, M frames/s: engine only / with the data path's framing and ICRC (for reference) | {} / {} | - | >= 5 (engine only) |\n",
+            m("engine_only_mpps"),
+            m("msg_rate_mpps")
+        );
+    }
+    s
+}

@@ -1,0 +1,168 @@
+//! Network namespaces, veth pairs and processes of the demo, bench and soak:
+//! everything created here is removed on drop, by name and by PID.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Result};
+use serde_json::Value;
+
+use crate::setup::*;
+
+pub(crate) struct Lab {
+    pub(crate) ns: Vec<String>,
+    pub(crate) pids: Vec<u32>,
+    pub(crate) keep: bool,
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        if self.keep {
+            return;
+        }
+        for pid in &self.pids {
+            let _ = Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
+        }
+        let deadline = Instant::now() + Duration::from_secs(3);
+        for pid in &self.pids {
+            while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .stderr(Stdio::null())
+                .status();
+        }
+        for ns in &self.ns {
+            netns_del(ns);
+        }
+    }
+}
+
+impl Lab {
+    /// Namespaces by these names, removing any a crashed run left behind.
+    pub(crate) fn fresh(ns: &[String], keep: bool) -> Lab {
+        for n in ns {
+            netns_del(n);
+        }
+        Lab {
+            ns: ns.to_vec(),
+            pids: Vec::new(),
+            keep,
+        }
+    }
+}
+
+/// Deletes a namespace if it exists (and what lives only in it).
+pub(crate) fn netns_del(ns: &str) {
+    let _ = Command::new("ip")
+        .args(["netns", "del", ns])
+        .stderr(Stdio::null())
+        .status();
+}
+
+pub(crate) fn ip(args: &[&str]) -> Result<()> {
+    sh(Command::new("ip").args(args))
+}
+
+/// Two namespaces joined by a veth pair, addressed and up.
+pub(crate) fn veth_pair(ns: &[String; 2], devs: [&str; 2], addrs: [&str; 2]) -> Result<()> {
+    for n in ns {
+        ip(&["netns", "add", n])?;
+    }
+    ip(&[
+        "link", "add", devs[0], "type", "veth", "peer", "name", devs[1],
+    ])?;
+    for i in 0..2 {
+        ip(&["link", "set", devs[i], "netns", &ns[i]])?;
+        ip(&[
+            "-n",
+            &ns[i],
+            "addr",
+            "add",
+            &format!("{}/24", addrs[i]),
+            "dev",
+            devs[i],
+        ])?;
+        ip(&["-n", &ns[i], "link", "set", devs[i], "up"])?;
+        ip(&["-n", &ns[i], "link", "set", "lo", "up"])?;
+    }
+    Ok(())
+}
+
+/// Host A - relay - host B: three namespaces, the relay's two veth ends
+/// without addresses.
+pub(crate) fn relay_topology(ns: &[String; 3], devs: [&str; 4], addrs: [&str; 2]) -> Result<()> {
+    for n in ns {
+        ip(&["netns", "add", n])?;
+    }
+    for (host, (hdev, rdev), addr) in [
+        (0, (devs[0], devs[1]), addrs[0]),
+        (2, (devs[3], devs[2]), addrs[1]),
+    ] {
+        ip(&["link", "add", hdev, "type", "veth", "peer", "name", rdev])?;
+        ip(&["link", "set", hdev, "netns", &ns[host]])?;
+        ip(&["link", "set", rdev, "netns", &ns[1]])?;
+        ip(&[
+            "-n",
+            &ns[host],
+            "addr",
+            "add",
+            &format!("{addr}/24"),
+            "dev",
+            hdev,
+        ])?;
+        for (n, d) in [(&ns[host], hdev), (&ns[1], rdev)] {
+            ip(&["-n", n, "link", "set", d, "up"])?;
+            ip(&["-n", n, "link", "set", "lo", "up"])?;
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn check(ok: bool, what: &str) -> Result<()> {
+    if ok {
+        println!("   ok: {what}");
+        Ok(())
+    } else {
+        Err(anyhow!("check failed: {what}"))
+    }
+}
+
+// ------------------------------------------------------------------ interop
+
+pub(crate) fn terminate(child: &mut std::process::Child) -> Result<()> {
+    if child.try_wait()?.is_some() {
+        return Ok(());
+    }
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .stderr(Stdio::null())
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while child.try_wait()?.is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// A JSON file a tool wrote, if it is there and parses.
+pub(crate) fn read_json(path: &Path) -> Option<Value> {
+    serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+}
+
+/// A helper process that is stopped (SIGTERM, then SIGKILL) when this
+/// goes out of scope, also when the run fails half-way.
+pub(crate) struct Running(pub(crate) std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = terminate(&mut self.0);
+    }
+}

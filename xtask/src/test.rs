@@ -1,0 +1,25 @@
+//! `cargo xtask test`: every cargo test, then the quick rxe interop subset.
+
+use std::process::Command;
+
+use anyhow::{Context, Result};
+
+use crate::{interop::*, root, setup::*};
+
+pub(crate) fn test(args: &[String]) -> Result<()> {
+    // Unit, simulation, capture and namespace tests; the namespace tests
+    // serialize themselves (two cores: one data path pair at a time).
+    let mut c = Command::new("cargo");
+    c.current_dir(root())
+        .args(["test", "--workspace", "--exclude", "rdma-ebpf"]);
+    c.args(args);
+    sh(&mut c).context("tests failed")?;
+    if !args.is_empty() {
+        return Ok(());
+    }
+    // Then interoperability with Linux rxe in a VM (the quick subset:
+    // rc_pingpong both roles at 64 B and 4 KiB, perftest send_lat and
+    // read_bw); `cargo xtask interop` runs the whole matrix.
+    println!("interop with Linux rxe (quick subset)");
+    interop(true, false, None)
+}
