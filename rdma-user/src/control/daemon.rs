@@ -799,9 +799,9 @@ async fn wait_wcs(
             })
             .await
             .and_then(|v| Ok(serde_json::from_value::<Vec<WcJson>>(v)?))?
-            .into_iter()
-            .map(|w| w.to_wc())
-            .collect();
+            .iter()
+            .map(WcJson::to_wc)
+            .collect::<Result<_>>()?;
         let mut out = Vec::new();
         {
             let mut map = ctl.qp_cq.lock().map_err(|_| anyhow!("lock"))?;

@@ -94,55 +94,12 @@ pub struct WcJson {
     pub qp_num: u32,
 }
 
-const STATUSES: [WcStatus; 10] = [
-    WcStatus::Success,
-    WcStatus::LocLenErr,
-    WcStatus::LocQpOpErr,
-    WcStatus::LocProtErr,
-    WcStatus::WrFlushErr,
-    WcStatus::RemInvReqErr,
-    WcStatus::RemAccessErr,
-    WcStatus::RemOpErr,
-    WcStatus::RetryExcErr,
-    WcStatus::RnrRetryExcErr,
-];
-
-pub fn status_name(s: WcStatus) -> &'static str {
-    match s {
-        WcStatus::Success => "success",
-        WcStatus::LocLenErr => "LOC_LEN_ERR",
-        WcStatus::LocQpOpErr => "LOC_QP_OP_ERR",
-        WcStatus::LocProtErr => "LOC_PROT_ERR",
-        WcStatus::WrFlushErr => "WR_FLUSH_ERR",
-        WcStatus::RemInvReqErr => "REM_INV_REQ_ERR",
-        WcStatus::RemAccessErr => "REM_ACCESS_ERR",
-        WcStatus::RemOpErr => "REM_OP_ERR",
-        WcStatus::RetryExcErr => "RETRY_EXC_ERR",
-        WcStatus::RnrRetryExcErr => "RNR_RETRY_EXC_ERR",
-    }
-}
-
-const OPCODES: [(WcOpcode, &str); 7] = [
-    (WcOpcode::Send, "SEND"),
-    (WcOpcode::RdmaWrite, "RDMA_WRITE"),
-    (WcOpcode::RdmaRead, "RDMA_READ"),
-    (WcOpcode::CompSwap, "COMP_SWAP"),
-    (WcOpcode::FetchAdd, "FETCH_ADD"),
-    (WcOpcode::Recv, "RECV"),
-    (WcOpcode::RecvRdmaWithImm, "RECV_RDMA_WITH_IMM"),
-];
-
 impl From<&Wc> for WcJson {
     fn from(w: &Wc) -> Self {
         WcJson {
             wr_id: w.wr_id,
-            status: status_name(w.status).into(),
-            opcode: OPCODES
-                .iter()
-                .find(|(o, _)| *o == w.opcode)
-                .map(|(_, n)| *n)
-                .unwrap_or("?")
-                .into(),
+            status: w.status.name().into(),
+            opcode: w.opcode.name().into(),
             byte_len: w.byte_len,
             imm: w.imm,
             qp_num: w.qp_num,
@@ -151,23 +108,19 @@ impl From<&Wc> for WcJson {
 }
 
 impl WcJson {
-    pub fn to_wc(&self) -> Wc {
-        Wc {
+    /// The completion back; an unknown status or opcode name is an error,
+    /// never a guess.
+    pub fn to_wc(&self) -> Result<Wc> {
+        Ok(Wc {
             wr_id: self.wr_id,
-            status: STATUSES
-                .iter()
-                .copied()
-                .find(|s| status_name(*s) == self.status)
-                .unwrap_or(WcStatus::RemOpErr),
-            opcode: OPCODES
-                .iter()
-                .find(|(_, n)| *n == self.opcode)
-                .map(|(o, _)| *o)
-                .unwrap_or(WcOpcode::Send),
+            status: WcStatus::from_name(&self.status)
+                .ok_or_else(|| anyhow!("unknown completion status '{}'", self.status))?,
+            opcode: WcOpcode::from_name(&self.opcode)
+                .ok_or_else(|| anyhow!("unknown completion opcode '{}'", self.opcode))?,
             byte_len: self.byte_len,
             imm: self.imm,
             qp_num: self.qp_num,
-        }
+        })
     }
 }
 

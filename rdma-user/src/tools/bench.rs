@@ -615,10 +615,7 @@ fn wait_wc(dev: &mut Standalone, cq: u32, want: WcOpcode, timeout: Duration) -> 
         let mut b = [NO_WC; 1];
         if dev.dp.core.cq_mut(cq).map(|c| c.poll(&mut b)).unwrap_or(0) == 1 {
             if b[0].status != WcStatus::Success {
-                bail!(
-                    "completion error: {}",
-                    crate::control::proto::status_name(b[0].status)
-                );
+                bail!("completion error: {}", b[0].status.name());
             }
             if b[0].opcode == want {
                 return Ok(());
@@ -865,10 +862,7 @@ fn stream(dev: &mut Standalone, c: &Ctx, o: &Options, size: usize, client: bool)
             .unwrap_or(0);
         for w in &wcs[..n] {
             if w.status != WcStatus::Success {
-                bail!(
-                    "completion error: {}",
-                    crate::control::proto::status_name(w.status)
-                );
+                bail!("completion error: {}", w.status.name());
             }
             let Some(i) = c.qps.iter().position(|q| q.qpn == w.qp_num) else {
                 bail!("completion for unknown QP 0x{:x}", w.qp_num);

@@ -238,7 +238,7 @@ pub fn run(o: Options) -> Result<()> {
             if wc.status != WcStatus::Success {
                 bail!(
                     "Failed status {} for wr_id {} (after {scnt} sends, {rcnt} receives; {})",
-                    crate::control::proto::status_name(wc.status),
+                    wc.status.name(),
                     wc.wr_id,
                     diag(&dev, qpn)
                 );

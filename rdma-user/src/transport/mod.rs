@@ -61,6 +61,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn completion_names_round_trip() {
+        for (st, name, text) in WcStatus::TABLE {
+            assert_eq!((st.name(), st.as_str()), (name, text));
+            assert_eq!(WcStatus::from_name(name), Some(st));
+        }
+        assert_eq!(WcStatus::from_name("REM_OPP_ERR"), None);
+        for (op, name) in WcOpcode::TABLE {
+            assert_eq!(op.name(), name);
+            assert_eq!(WcOpcode::from_name(name), Some(op));
+        }
+        assert_eq!(WcOpcode::from_name("?"), None);
+    }
+
+    #[test]
     fn timers() {
         assert_eq!(ack_timeout_ns(0), None);
         assert_eq!(ack_timeout_ns(14), Some(67_108_864));

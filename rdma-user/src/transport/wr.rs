@@ -136,20 +136,70 @@ pub enum WcStatus {
 }
 
 impl WcStatus {
-    /// The name rdma-core's `ibv_wc_status_str` would print.
+    /// Every status with its `IBV_WC_*` name (without the prefix) and the
+    /// text rdma-core's `ibv_wc_status_str` prints: the one table of names.
+    pub(super) const TABLE: [(WcStatus, &'static str, &'static str); 10] = [
+        (WcStatus::Success, "success", "success"),
+        (WcStatus::LocLenErr, "LOC_LEN_ERR", "local length error"),
+        (
+            WcStatus::LocQpOpErr,
+            "LOC_QP_OP_ERR",
+            "local QP operation error",
+        ),
+        (
+            WcStatus::LocProtErr,
+            "LOC_PROT_ERR",
+            "local protection error",
+        ),
+        (
+            WcStatus::WrFlushErr,
+            "WR_FLUSH_ERR",
+            "Work Request Flushed Error",
+        ),
+        (
+            WcStatus::RemInvReqErr,
+            "REM_INV_REQ_ERR",
+            "remote invalid request error",
+        ),
+        (
+            WcStatus::RemAccessErr,
+            "REM_ACCESS_ERR",
+            "remote access error",
+        ),
+        (WcStatus::RemOpErr, "REM_OP_ERR", "remote operation error"),
+        (
+            WcStatus::RetryExcErr,
+            "RETRY_EXC_ERR",
+            "transport retry counter exceeded",
+        ),
+        (
+            WcStatus::RnrRetryExcErr,
+            "RNR_RETRY_EXC_ERR",
+            "RNR retry counter exceeded",
+        ),
+    ];
+
+    fn row(self) -> &'static (WcStatus, &'static str, &'static str) {
+        Self::TABLE
+            .iter()
+            .find(|r| r.0 == self)
+            .expect("every status has a row")
+    }
+
+    /// The `IBV_WC_*` name without its prefix ("success" for success), as
+    /// the CLI and the daemon's JSON spell it.
+    pub fn name(self) -> &'static str {
+        self.row().1
+    }
+
+    /// The text rdma-core's `ibv_wc_status_str` prints.
     pub fn as_str(self) -> &'static str {
-        match self {
-            WcStatus::Success => "success",
-            WcStatus::LocLenErr => "local length error",
-            WcStatus::LocQpOpErr => "local QP operation error",
-            WcStatus::LocProtErr => "local protection error",
-            WcStatus::WrFlushErr => "Work Request Flushed Error",
-            WcStatus::RemInvReqErr => "remote invalid request error",
-            WcStatus::RemAccessErr => "remote access error",
-            WcStatus::RemOpErr => "remote operation error",
-            WcStatus::RetryExcErr => "transport retry counter exceeded",
-            WcStatus::RnrRetryExcErr => "RNR retry counter exceeded",
-        }
+        self.row().2
+    }
+
+    /// The status of a [`WcStatus::name`]; None for a name that is none.
+    pub fn from_name(name: &str) -> Option<WcStatus> {
+        Self::TABLE.iter().find(|r| r.1 == name).map(|r| r.0)
     }
 }
 
@@ -162,6 +212,31 @@ pub enum WcOpcode {
     FetchAdd,
     Recv,
     RecvRdmaWithImm,
+}
+
+impl WcOpcode {
+    /// Every opcode with its `IBV_WC_*` name without the prefix.
+    pub(super) const TABLE: [(WcOpcode, &'static str); 7] = [
+        (WcOpcode::Send, "SEND"),
+        (WcOpcode::RdmaWrite, "RDMA_WRITE"),
+        (WcOpcode::RdmaRead, "RDMA_READ"),
+        (WcOpcode::CompSwap, "COMP_SWAP"),
+        (WcOpcode::FetchAdd, "FETCH_ADD"),
+        (WcOpcode::Recv, "RECV"),
+        (WcOpcode::RecvRdmaWithImm, "RECV_RDMA_WITH_IMM"),
+    ];
+
+    pub fn name(self) -> &'static str {
+        Self::TABLE
+            .iter()
+            .find(|r| r.0 == self)
+            .map(|r| r.1)
+            .expect("every opcode has a row")
+    }
+
+    pub fn from_name(name: &str) -> Option<WcOpcode> {
+        Self::TABLE.iter().find(|r| r.1 == name).map(|r| r.0)
+    }
 }
 
 /// A work completion (`struct ibv_wc`).
