@@ -9,7 +9,10 @@ use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
 use std::time::Instant;
 
-use anyhow::{anyhow, bail, Result};
+use crate::device::error::DeviceError;
+
+/// Results of the data path's control calls.
+pub type Result<T, E = DeviceError> = std::result::Result<T, E>;
 
 use crate::io::xsk::{SharedMem, Xsk};
 use crate::memory::{Access, Backing, MrTable};
@@ -48,7 +51,7 @@ impl Path {
                 hop_limit: 64,
                 next_header: IPPROTO_UDP,
             }),
-            _ => bail!("local and peer addresses must both be IPv4 or both IPv6"),
+            _ => return Err(DeviceError::MixedFamilies),
         };
         Ok(RoceRepr {
             eth: EthernetRepr {
@@ -160,6 +163,9 @@ pub struct DpStats {
     pub rx_unknown_qpn: u64,
     pub rx_wrong_source: u64,
     pub tx_ring_full: u64,
+    /// Frames whose network headers or ICRC could not be written (never
+    /// expected: the buffer is sized for them).
+    pub tx_emit_errors: u64,
     pub cq_overflows: u64,
 }
 
@@ -304,12 +310,13 @@ impl Core {
     /// another process may map too). The VA peers use is the mapping address.
     pub fn reg_mr(&mut self, pd: u32, len: usize, access: Access) -> Result<(u64, u32, u32)> {
         if len == 0 || len > self.limits.max_mr_len {
-            bail!(
-                "memory region length {len} out of range (1..={} bytes)",
-                self.limits.max_mr_len
-            );
+            return Err(DeviceError::MrLength {
+                len,
+                max: self.limits.max_mr_len,
+            });
         }
-        let shm = SharedMem::new("rdma-mr", len)?;
+        let shm =
+            SharedMem::new("rdma-mr", len).map_err(|e| DeviceError::Memory(format!("{e:#}")))?;
         let addr = shm.as_ptr() as u64;
         let (lkey, rkey) = self.mem.register(
             pd,
@@ -325,16 +332,14 @@ impl Core {
     }
 
     pub fn dereg_mr(&mut self, lkey: u32) -> Result<()> {
-        self.mem
-            .deregister(lkey)
-            .ok_or_else(|| anyhow!("no memory region with lkey {lkey:#x}"))?;
+        self.mem.deregister(lkey).ok_or(DeviceError::NoMr(lkey))?;
         self.mr_backing.remove(&lkey);
         Ok(())
     }
 
     pub fn create_cq(&mut self, depth: usize) -> Result<u32> {
         if self.cqs.len() >= self.limits.max_cq {
-            bail!("CQ limit reached ({})", self.limits.max_cq);
+            return Err(DeviceError::CqLimit(self.limits.max_cq));
         }
         let id = self.next_cq;
         self.next_cq += 1;
@@ -348,13 +353,10 @@ impl Core {
 
     pub fn create_qp(&mut self, pd: u32, cq: u32, cap: QpCap) -> Result<u32> {
         if self.qps.len() >= self.limits.max_qp {
-            bail!(
-                "QP limit reached ({}); destroy a QP or raise --max-qp",
-                self.limits.max_qp
-            );
+            return Err(DeviceError::QpLimit(self.limits.max_qp));
         }
         if !self.cqs.contains_key(&cq) {
-            bail!("no CQ {cq}");
+            return Err(DeviceError::NoCq(cq));
         }
         let mut qpn = self.next_qpn;
         while self.qps.contains_key(&qpn) {
@@ -378,10 +380,7 @@ impl Core {
     }
 
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<()> {
-        let mut slot = self
-            .qps
-            .remove(&qpn)
-            .ok_or_else(|| anyhow!("no QP {qpn:#x}"))?;
+        let mut slot = self.qps.remove(&qpn).ok_or(DeviceError::NoQp(qpn))?;
         self.qp_order.retain(|&q| q != qpn);
         // Outstanding WRs complete with flush errors before the QP goes.
         let _ = slot.qp.modify(&QpAttr {
@@ -409,20 +408,14 @@ impl Core {
     }
 
     pub fn modify_qp(&mut self, qpn: u32, attr: &QpAttr) -> Result<()> {
-        let slot = self
-            .qps
-            .get_mut(&qpn)
-            .ok_or_else(|| anyhow!("no QP {qpn:#x}"))?;
+        let slot = self.qps.get_mut(&qpn).ok_or(DeviceError::NoQp(qpn))?;
         slot.qp.modify(attr)?;
         Ok(())
     }
 
     /// Sets the network path of a QP (before RTR).
     pub fn set_path(&mut self, qpn: u32, path: Path) -> Result<()> {
-        let slot = self
-            .qps
-            .get_mut(&qpn)
-            .ok_or_else(|| anyhow!("no QP {qpn:#x}"))?;
+        let slot = self.qps.get_mut(&qpn).ok_or(DeviceError::NoQp(qpn))?;
         let rqpn = slot.qp.dest_qpn();
         slot.net = Some(path.template(qpn, rqpn)?);
         slot.path = Some(path);
@@ -431,10 +424,7 @@ impl Core {
 
     /// RESET -> INIT -> RTR -> RTS against a remote QP.
     pub fn connect_qp(&mut self, qpn: u32, path: Path, c: &Connect) -> Result<()> {
-        let slot = self
-            .qps
-            .get_mut(&qpn)
-            .ok_or_else(|| anyhow!("no QP {qpn:#x}"))?;
+        let slot = self.qps.get_mut(&qpn).ok_or(DeviceError::NoQp(qpn))?;
         let q = &mut slot.qp;
         if q.state() == QpState::Reset {
             q.modify(&QpAttr::init(Access::ALL))?;
@@ -464,19 +454,13 @@ impl Core {
     }
 
     pub fn post_send(&mut self, qpn: u32, wr: &SendWr) -> Result<()> {
-        let slot = self
-            .qps
-            .get_mut(&qpn)
-            .ok_or_else(|| anyhow!("no QP {qpn:#x}"))?;
+        let slot = self.qps.get_mut(&qpn).ok_or(DeviceError::NoQp(qpn))?;
         slot.qp.post_send(wr)?;
         Ok(())
     }
 
     pub fn post_recv(&mut self, qpn: u32, wr: &RecvWr) -> Result<()> {
-        let slot = self
-            .qps
-            .get_mut(&qpn)
-            .ok_or_else(|| anyhow!("no QP {qpn:#x}"))?;
+        let slot = self.qps.get_mut(&qpn).ok_or(DeviceError::NoQp(qpn))?;
         slot.qp.post_recv(wr)?;
         Ok(())
     }
@@ -572,7 +556,16 @@ impl Core {
                 if let IpRepr::V4(ip) = &mut net.ip {
                     ip.id = ip.id.wrapping_add(1);
                 }
-                let len = net.emit_net_and_icrc(buf, tl + ICRC_LEN).unwrap_or(0);
+                // The buffer was checked to hold the headers, the largest
+                // segment and the ICRC, so emit cannot fail; if it ever did,
+                // the segment is lost (and retransmitted) and counted.
+                let len = match net.emit_net_and_icrc(buf, tl + ICRC_LEN) {
+                    Ok(n) => n,
+                    Err(_) => {
+                        self.stats.tx_emit_errors += 1;
+                        0
+                    }
+                };
                 Self::drain_wcs(slot, &mut self.cqs, &mut self.stats);
                 self.rr = (idx + 1) % n;
                 return len;

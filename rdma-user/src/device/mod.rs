@@ -7,5 +7,6 @@
 //! arrives as jobs between two polls.
 
 pub mod datapath;
+pub mod error;
 pub mod runner;
 pub mod standalone;

@@ -575,13 +575,13 @@ impl QpCtx {
 
     /// One receive into the slot the peer targets.
     fn post_recv(&self, dev: &mut Standalone) -> Result<()> {
-        dev.dp.core.post_recv(
+        Ok(dev.dp.core.post_recv(
             self.qpn,
             &RecvWr {
                 wr_id: 0,
                 sg_list: &self.recv_sg,
             },
-        )
+        )?)
     }
 }
 

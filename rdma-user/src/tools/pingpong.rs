@@ -200,7 +200,7 @@ pub fn run(o: Options) -> Result<()> {
     let post_send = |dev: &mut Standalone| -> Result<()> {
         let mut wr = SendWr::new(SEND_WRID, WrOpcode::Send, &sg);
         wr.flags.signaled = true;
-        dev.dp.core.post_send(qpn, &wr)
+        Ok(dev.dp.core.post_send(qpn, &wr)?)
     };
     if o.server.is_some() {
         if o.validate {

@@ -13,14 +13,62 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 
-use anyhow::{anyhow, Context as _, Result};
-
 use crate::device::datapath::{Connect, DataPath, Path};
+use crate::device::error::DeviceError;
 use crate::device::runner::{data_path_loop, Job};
 use crate::device::standalone::{Attachment, Standalone};
 use crate::io::xdp::XdpMode;
 use crate::memory::Access;
 use crate::transport::{QpAttr, QpCap, QpState, RecvWr, SendFlags, SendWr, Sge, Wc, WrOpcode};
+
+/// What a verbs call can fail with. [`Error::errno`] is what rdma-core's
+/// verbs would return for the same failure.
+#[derive(Debug)]
+pub enum Error {
+    /// The interface could not be opened (XDP attach, AF_XDP sockets,
+    /// another owner): the cause, as the I/O layer words it.
+    Open(String),
+    /// The data path thread is gone (it panicked or the context stopped).
+    Stopped,
+    /// The device refused the call.
+    Device(DeviceError),
+    /// A byte range outside the memory region.
+    OutOfRange { offset: usize, len: usize },
+}
+
+impl Error {
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::Open(_) => libc::ENODEV,
+            Error::Stopped => libc::EIO,
+            Error::Device(e) => e.errno(),
+            Error::OutOfRange { .. } => libc::EINVAL,
+        }
+    }
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::Open(e) => write!(f, "open the device: {e}"),
+            Error::Stopped => f.write_str("data path has stopped"),
+            Error::Device(e) => e.fmt(f),
+            Error::OutOfRange { offset, len } => {
+                write!(f, "{len} bytes at offset {offset} are outside the MR")
+            }
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<DeviceError> for Error {
+    fn from(e: DeviceError) -> Self {
+        Error::Device(e)
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// How the data path thread waits for work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -76,7 +124,8 @@ impl Context {
     /// Opens `iface`: attaches the XDP program, opens an AF_XDP socket per
     /// RX queue and starts the data path thread.
     pub fn open(iface: &str, opts: ContextOptions) -> Result<Context> {
-        let dev = Standalone::open(iface, XdpMode::Auto, true)?;
+        let dev = Standalone::open(iface, XdpMode::Auto, true)
+            .map_err(|e| Error::Open(format!("{e:#}")))?;
         let mac = dev.mac;
         let (dp, attachment) = dev.split();
         let stop = Arc::new(AtomicBool::new(false));
@@ -87,7 +136,7 @@ impl Context {
             std::thread::Builder::new()
                 .name(format!("rdma-dp-{iface}"))
                 .spawn(move || data_path_loop(dp, jrx, stop, adaptive, opts.cpu))
-                .context("start the data path thread")?
+                .map_err(|e| Error::Open(format!("start the data path thread: {e}")))?
         };
         Ok(Context {
             inner: Arc::new(Inner {
@@ -110,23 +159,20 @@ impl Context {
     }
 
     /// Runs `f` on the data path thread and waits for its result.
-    fn call<R: Send + 'static>(
+    fn call<R: Send + 'static, E: Into<Error> + Send + 'static>(
         &self,
-        f: impl FnOnce(&mut DataPath) -> Result<R> + Send + 'static,
+        f: impl FnOnce(&mut DataPath) -> std::result::Result<R, E> + Send + 'static,
     ) -> Result<R> {
         let (tx, rx) = mpsc::sync_channel(1);
         let job: Job = Box::new(move |dp: &mut DataPath| {
-            let _ = tx.send(f(dp));
+            let _ = tx.send(f(dp).map_err(Into::into));
         });
-        self.inner
-            .jobs
-            .send(job)
-            .map_err(|_| anyhow!("data path has stopped"))?;
-        rx.recv().map_err(|_| anyhow!("data path has stopped"))?
+        self.inner.jobs.send(job).map_err(|_| Error::Stopped)?;
+        rx.recv().map_err(|_| Error::Stopped)?
     }
 
     pub fn alloc_pd(&self) -> Result<Pd> {
-        let pdn = self.call(|dp| Ok(dp.core.alloc_pd()))?;
+        let pdn = self.call(|dp| Ok::<_, Error>(dp.core.alloc_pd()))?;
         Ok(Pd {
             ctx: self.clone(),
             pdn,
@@ -188,12 +234,12 @@ impl Mr {
     /// Copies `len` bytes at `offset` out of the region.
     pub fn read(&self, offset: usize, len: usize) -> Result<Vec<u8>> {
         let lkey = self.lkey;
-        self.ctx.call(move |dp| {
+        self.ctx.call(move |dp| -> Result<_> {
             let m = dp
                 .core
                 .mem
                 .by_lkey(lkey)
-                .ok_or_else(|| anyhow!("MR 0x{lkey:x} is not registered"))?;
+                .ok_or(Error::Device(DeviceError::NoMr(lkey)))?;
             Ok(m.bytes()[window(m.len(), offset, len)?].to_vec())
         })
     }
@@ -201,12 +247,12 @@ impl Mr {
     /// Copies `data` into the region at `offset`.
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
         let (lkey, data) = (self.lkey, data.to_vec());
-        self.ctx.call(move |dp| {
+        self.ctx.call(move |dp| -> Result<_> {
             let m = dp
                 .core
                 .mem
                 .by_lkey_mut(lkey)
-                .ok_or_else(|| anyhow!("MR 0x{lkey:x} is not registered"))?;
+                .ok_or(Error::Device(DeviceError::NoMr(lkey)))?;
             let w = window(m.len(), offset, data.len())?;
             m.bytes_mut()[w].copy_from_slice(&data);
             Ok(())
@@ -235,7 +281,7 @@ fn window(mr_len: usize, offset: usize, len: usize) -> Result<std::ops::Range<us
         .checked_add(len)
         .filter(|&e| e <= mr_len)
         .map(|end| offset..end)
-        .ok_or_else(|| anyhow!("{len} bytes at offset {offset} are outside the MR"))
+        .ok_or(Error::OutOfRange { offset, len })
 }
 
 /// A completion queue.
@@ -248,11 +294,11 @@ impl Cq {
     /// Takes up to `wcs.len()` completions in one call; returns how many.
     pub fn poll(&self, wcs: &mut [Wc]) -> Result<usize> {
         let (cqn, max) = (self.cqn, wcs.len());
-        let got = self.ctx.call(move |dp| {
+        let got = self.ctx.call(move |dp| -> Result<_> {
             let cq = dp
                 .core
                 .cq_mut(cqn)
-                .ok_or_else(|| anyhow!("CQ {cqn} does not exist"))?;
+                .ok_or(Error::Device(DeviceError::NoCq(cqn)))?;
             let mut v = vec![crate::device::standalone::NO_WC; max];
             let n = cq.poll(&mut v);
             v.truncate(n);
@@ -281,11 +327,9 @@ impl OwnedSgl {
     fn new(list: &[Sge]) -> Result<OwnedSgl> {
         let mut sges = [Sge::default(); crate::transport::MAX_SGE];
         if list.len() > sges.len() {
-            anyhow::bail!(
-                "{} SGEs, at most {} per work request",
-                list.len(),
-                sges.len()
-            );
+            return Err(Error::Device(DeviceError::Post(
+                crate::transport::PostError::TooManySge,
+            )));
         }
         sges[..list.len()].copy_from_slice(list);
         Ok(OwnedSgl {
@@ -312,11 +356,11 @@ impl Qp {
 
     pub fn state(&self) -> Result<QpState> {
         let qpn = self.qpn;
-        self.ctx.call(move |dp| {
+        self.ctx.call(move |dp| -> Result<_> {
             dp.core
                 .qp(qpn)
                 .map(|q| q.state())
-                .ok_or_else(|| anyhow!("QP 0x{qpn:x} does not exist"))
+                .ok_or(Error::Device(DeviceError::NoQp(qpn)))
         })
     }
 
@@ -329,7 +373,7 @@ impl Qp {
         let (wr_id, opcode, flags): (u64, WrOpcode, SendFlags) = (wr.wr_id, wr.opcode, wr.flags);
         let (imm, remote_addr, rkey, compare_add, swap) =
             (wr.imm, wr.remote_addr, wr.rkey, wr.compare_add, wr.swap);
-        self.ctx.call(move |dp| {
+        self.ctx.call(move |dp| -> Result<_> {
             let mut w = SendWr::new(wr_id, opcode, &sgl.sges[..sgl.n]);
             w.inline = inline.as_deref();
             w.flags = flags;
@@ -338,7 +382,7 @@ impl Qp {
             w.rkey = rkey;
             w.compare_add = compare_add;
             w.swap = swap;
-            dp.core.post_send(qpn, &w)
+            Ok(dp.core.post_send(qpn, &w)?)
         })
     }
 
