@@ -4,6 +4,7 @@
 
 mod lab;
 
+use std::mem::offset_of;
 use std::process::Command;
 use std::time::Duration;
 
@@ -11,6 +12,10 @@ use lab::{serial, Lab, BIN};
 use rdma_user::control::proto::hex;
 use rdma_user::wire::*;
 use serde_json::Value;
+
+/// Where the headers of an untagged IPv4 frame start.
+const L4: usize = EthHdr::LEN + Ipv4Hdr::LEN;
+const BTH: usize = L4 + UdpHdr::LEN;
 
 /// A valid RoCEv2 frame from host A to host B.
 fn frame(lab: &Lab, v6: bool, vlan: Option<u16>, opc: u8, payload: &[u8]) -> Vec<u8> {
@@ -180,19 +185,21 @@ fn crafted_frames_get_the_right_verdict_and_arrive_intact() {
         &payload[..64],
     );
     // Truncated: IP and UDP say more than the frame holds.
-    let truncated = valid[..14 + 20 + 8 + 6].to_vec();
+    let truncated = valid[..BTH + 6].to_vec();
     // Wrong UDP port.
     let mut wrong_port = valid.clone();
-    wrong_port[14 + 20 + 2..14 + 20 + 4].copy_from_slice(&4792u16.to_be_bytes());
+    wrong_port[L4 + offset_of!(UdpHdr, dst_port)..L4 + offset_of!(UdpHdr, len)]
+        .copy_from_slice(&4792u16.to_be_bytes());
     // A non-first IPv4 fragment (offset 185*8).
     let mut frag = valid.clone();
-    frag[14 + 6..14 + 8].copy_from_slice(&185u16.to_be_bytes());
+    frag[EthHdr::LEN + offset_of!(Ipv4Hdr, frag_off)..EthHdr::LEN + offset_of!(Ipv4Hdr, ttl)]
+        .copy_from_slice(&185u16.to_be_bytes());
     fix_ip_csum(&mut frag);
     let mut bad_tver = valid.clone();
-    bad_tver[14 + 20 + 8 + 1] |= 0x01;
+    bad_tver[BTH + offset_of!(Bth, flags)] |= 0x01;
     // Manufacturer-specific: no QP type knows it.
     let mut bad_opcode = valid.clone();
-    bad_opcode[14 + 20 + 8] = 0xe0;
+    bad_opcode[BTH + offset_of!(Bth, opcode)] = 0xe0;
     // A reserved opcode of the RC range goes on to the QP, which NAKs it.
     let reserved = frame(&lab, false, None, 0x15, &payload[..64]);
     let frames = vec![
@@ -609,7 +616,8 @@ fn xdp_firewall_drops_dead_qpns_and_spoofed_sources() {
     let (b_addr, b_l, b_r) = lab.mr(1, 4096, "all");
     let (qa, qb) = lab.connect();
     let set_qpn = |f: &mut Vec<u8>, qpn: u32| {
-        f[14 + 20 + 8 + 5..14 + 20 + 8 + 8].copy_from_slice(&qpn.to_be_bytes()[1..])
+        f[BTH + offset_of!(Bth, dest_qpn)..BTH + offset_of!(Bth, ack_req)]
+            .copy_from_slice(&qpn.to_be_bytes()[1..])
     };
     let before = lab.ok(1, &["stats"]);
     // A QPN nobody created.

@@ -34,7 +34,9 @@ mod responder;
 mod wr;
 
 pub use completer::{ack_timeout_ns, rnr_timer_ns};
-pub use qp::{pkey_matches, ModifyError, QpAttr, QpCap, QpEngine, QpState, QpStats, MAX_RD_ATOMIC};
+pub use qp::{
+    pkey_matches, AttrMask, ModifyError, QpAttr, QpCap, QpEngine, QpState, QpStats, MAX_RD_ATOMIC,
+};
 pub use requester::{MAX_PKT_PER_ACK, RETRY_WINDOW};
 pub use wr::{
     PostError, RecvWr, SendFlags, SendWr, Sge, Wc, WcOpcode, WcStatus, WrOpcode, MAX_INLINE,
@@ -72,6 +74,40 @@ mod tests {
             assert_eq!(WcOpcode::from_name(name), Some(op));
         }
         assert_eq!(WcOpcode::from_name("?"), None);
+    }
+
+    #[test]
+    fn attr_mask_is_rdma_cores() {
+        // enum ibv_qp_attr_mask in rdma-core's verbs.h.
+        let want = [
+            (AttrMask::STATE, 1),
+            (AttrMask::ACCESS_FLAGS, 8),
+            (AttrMask::PKEY_INDEX, 16),
+            (AttrMask::PORT, 32),
+            (AttrMask::AV, 128),
+            (AttrMask::PATH_MTU, 256),
+            (AttrMask::TIMEOUT, 512),
+            (AttrMask::RETRY_CNT, 1024),
+            (AttrMask::RNR_RETRY, 2048),
+            (AttrMask::RQ_PSN, 4096),
+            (AttrMask::MAX_QP_RD_ATOMIC, 8192),
+            (AttrMask::MIN_RNR_TIMER, 32768),
+            (AttrMask::SQ_PSN, 65536),
+            (AttrMask::MAX_DEST_RD_ATOMIC, 131072),
+            (AttrMask::DEST_QPN, 1048576),
+        ];
+        for (m, bits) in want {
+            assert_eq!(m.bits(), bits);
+        }
+        let a = QpAttr::init(Access::ALL);
+        assert_eq!(
+            a.mask(),
+            AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS
+        );
+        assert_eq!(
+            (AttrMask::SQ_PSN | AttrMask::PORT).first_name(),
+            Some("port_num")
+        );
     }
 
     #[test]

@@ -33,6 +33,80 @@ impl fmt::Display for QpState {
     }
 }
 
+/// Which attributes an `ibv_modify_qp` call sets: rdma-core's
+/// `enum ibv_qp_attr_mask`, bit for bit (only the bits RC uses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AttrMask(u32);
+
+impl AttrMask {
+    pub const NONE: AttrMask = AttrMask(0);
+    pub const STATE: AttrMask = AttrMask(1 << 0);
+    pub const ACCESS_FLAGS: AttrMask = AttrMask(1 << 3);
+    pub const PKEY_INDEX: AttrMask = AttrMask(1 << 4);
+    pub const PORT: AttrMask = AttrMask(1 << 5);
+    pub const AV: AttrMask = AttrMask(1 << 7);
+    pub const PATH_MTU: AttrMask = AttrMask(1 << 8);
+    pub const TIMEOUT: AttrMask = AttrMask(1 << 9);
+    pub const RETRY_CNT: AttrMask = AttrMask(1 << 10);
+    pub const RNR_RETRY: AttrMask = AttrMask(1 << 11);
+    pub const RQ_PSN: AttrMask = AttrMask(1 << 12);
+    pub const MAX_QP_RD_ATOMIC: AttrMask = AttrMask(1 << 13);
+    pub const MIN_RNR_TIMER: AttrMask = AttrMask(1 << 15);
+    pub const SQ_PSN: AttrMask = AttrMask(1 << 16);
+    pub const MAX_DEST_RD_ATOMIC: AttrMask = AttrMask(1 << 17);
+    pub const DEST_QPN: AttrMask = AttrMask(1 << 20);
+
+    /// Every attribute with the name errors use, in the order errors report
+    /// them (the first missing or unexpected one is named).
+    const NAMES: [(AttrMask, &'static str); 14] = [
+        (AttrMask::PKEY_INDEX, "pkey_index"),
+        (AttrMask::PORT, "port_num"),
+        (AttrMask::ACCESS_FLAGS, "qp_access_flags"),
+        (AttrMask::AV, "av"),
+        (AttrMask::PATH_MTU, "path_mtu"),
+        (AttrMask::DEST_QPN, "dest_qp_num"),
+        (AttrMask::RQ_PSN, "rq_psn"),
+        (AttrMask::MAX_DEST_RD_ATOMIC, "max_dest_rd_atomic"),
+        (AttrMask::MIN_RNR_TIMER, "min_rnr_timer"),
+        (AttrMask::SQ_PSN, "sq_psn"),
+        (AttrMask::TIMEOUT, "timeout"),
+        (AttrMask::RETRY_CNT, "retry_cnt"),
+        (AttrMask::RNR_RETRY, "rnr_retry"),
+        (AttrMask::MAX_QP_RD_ATOMIC, "max_rd_atomic"),
+    ];
+
+    pub const fn bits(self) -> u32 {
+        self.0
+    }
+    pub const fn from_bits(b: u32) -> AttrMask {
+        AttrMask(b)
+    }
+    pub const fn union(self, o: AttrMask) -> AttrMask {
+        AttrMask(self.0 | o.0)
+    }
+    /// The attributes of `self` that are not in `o`.
+    pub const fn minus(self, o: AttrMask) -> AttrMask {
+        AttrMask(self.0 & !o.0)
+    }
+    pub const fn contains(self, o: AttrMask) -> bool {
+        self.0 & o.0 == o.0
+    }
+    /// The name of the first attribute set, in [`AttrMask::NAMES`] order.
+    pub fn first_name(self) -> Option<&'static str> {
+        Self::NAMES
+            .iter()
+            .find(|(m, _)| self.contains(*m))
+            .map(|(_, n)| *n)
+    }
+}
+
+impl std::ops::BitOr for AttrMask {
+    type Output = AttrMask;
+    fn bitor(self, o: AttrMask) -> AttrMask {
+        self.union(o)
+    }
+}
+
 /// Attributes for [`QpEngine::modify`]; `Some` means "in the attribute mask", as
 /// with `ibv_modify_qp`.
 #[derive(Debug, Clone, Default)]
@@ -58,6 +132,33 @@ pub struct QpAttr {
 }
 
 impl QpAttr {
+    /// The attribute mask of the attributes that are set (`Some`).
+    pub fn mask(&self) -> AttrMask {
+        let set = [
+            (self.qp_state.is_some(), AttrMask::STATE),
+            (self.pkey_index.is_some(), AttrMask::PKEY_INDEX),
+            (self.port_num.is_some(), AttrMask::PORT),
+            (self.qp_access_flags.is_some(), AttrMask::ACCESS_FLAGS),
+            (self.dest_gid.is_some(), AttrMask::AV),
+            (self.path_mtu.is_some(), AttrMask::PATH_MTU),
+            (self.dest_qp_num.is_some(), AttrMask::DEST_QPN),
+            (self.rq_psn.is_some(), AttrMask::RQ_PSN),
+            (
+                self.max_dest_rd_atomic.is_some(),
+                AttrMask::MAX_DEST_RD_ATOMIC,
+            ),
+            (self.min_rnr_timer.is_some(), AttrMask::MIN_RNR_TIMER),
+            (self.sq_psn.is_some(), AttrMask::SQ_PSN),
+            (self.timeout.is_some(), AttrMask::TIMEOUT),
+            (self.retry_cnt.is_some(), AttrMask::RETRY_CNT),
+            (self.rnr_retry.is_some(), AttrMask::RNR_RETRY),
+            (self.max_rd_atomic.is_some(), AttrMask::MAX_QP_RD_ATOMIC),
+        ];
+        set.iter()
+            .filter(|(on, _)| *on)
+            .fold(AttrMask::NONE, |m, (_, b)| m | *b)
+    }
+
     /// RESET -> INIT with P_Key index 0 on port 1, the usual first step.
     pub fn init(access: Access) -> QpAttr {
         QpAttr {
@@ -326,81 +427,48 @@ impl QpEngine {
         use QpState::{Init, Reset, Rtr, Rts, Sqd, Sqe};
         let from = self.state;
         let to = a.qp_state.unwrap_or(from);
-        // (name, present) of every attribute, for the required/allowed checks.
-        let present: [(&'static str, bool); 14] = [
-            ("pkey_index", a.pkey_index.is_some()),
-            ("port_num", a.port_num.is_some()),
-            ("qp_access_flags", a.qp_access_flags.is_some()),
-            ("av", a.dest_gid.is_some()),
-            ("path_mtu", a.path_mtu.is_some()),
-            ("dest_qp_num", a.dest_qp_num.is_some()),
-            ("rq_psn", a.rq_psn.is_some()),
-            ("max_dest_rd_atomic", a.max_dest_rd_atomic.is_some()),
-            ("min_rnr_timer", a.min_rnr_timer.is_some()),
-            ("sq_psn", a.sq_psn.is_some()),
-            ("timeout", a.timeout.is_some()),
-            ("retry_cnt", a.retry_cnt.is_some()),
-            ("rnr_retry", a.rnr_retry.is_some()),
-            ("max_rd_atomic", a.max_rd_atomic.is_some()),
-        ];
-        let (required, optional): (&[&str], &[&str]) = match (from, to) {
-            (_, Reset) | (_, QpState::Err) => (&[], &[]),
-            (Reset, Init) => (&["pkey_index", "port_num", "qp_access_flags"], &[]),
-            (Init, Init) => (&[], &["pkey_index", "port_num", "qp_access_flags"]),
+        use AttrMask as M;
+        let present = a.mask().minus(M::STATE);
+        // The IBA's required and optional attributes per transition (IBA
+        // 11.2.4.2, table 91 for RC; the same masks rdma-core checks).
+        let (required, optional) = match (from, to) {
+            (_, Reset) | (_, QpState::Err) => (M::NONE, M::NONE),
+            (Reset, Init) => (M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS, M::NONE),
+            (Init, Init) => (M::NONE, M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS),
             (Init, Rtr) => (
-                &[
-                    "av",
-                    "path_mtu",
-                    "dest_qp_num",
-                    "rq_psn",
-                    "max_dest_rd_atomic",
-                    "min_rnr_timer",
-                ],
-                &["pkey_index", "qp_access_flags"],
+                M::AV
+                    | M::PATH_MTU
+                    | M::DEST_QPN
+                    | M::RQ_PSN
+                    | M::MAX_DEST_RD_ATOMIC
+                    | M::MIN_RNR_TIMER,
+                M::PKEY_INDEX | M::ACCESS_FLAGS,
             ),
             (Rtr, Rts) => (
-                &[
-                    "sq_psn",
-                    "timeout",
-                    "retry_cnt",
-                    "rnr_retry",
-                    "max_rd_atomic",
-                ],
-                &["qp_access_flags", "min_rnr_timer"],
+                M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
+                M::ACCESS_FLAGS | M::MIN_RNR_TIMER,
             ),
-            (Rts, Rts) | (Sqd, Rts) | (Sqe, Rts) => (&[], &["qp_access_flags", "min_rnr_timer"]),
-            (Rts, Sqd) => (&[], &[]),
+            (Rts, Rts) | (Sqd, Rts) | (Sqe, Rts) => (M::NONE, M::ACCESS_FLAGS | M::MIN_RNR_TIMER),
+            (Rts, Sqd) => (M::NONE, M::NONE),
             (Sqd, Sqd) => (
-                &[],
-                &[
-                    "qp_access_flags",
-                    "min_rnr_timer",
-                    "av",
-                    "path_mtu",
-                    "timeout",
-                    "retry_cnt",
-                    "rnr_retry",
-                    "max_rd_atomic",
-                    "max_dest_rd_atomic",
-                ],
+                M::NONE,
+                M::ACCESS_FLAGS
+                    | M::MIN_RNR_TIMER
+                    | M::AV
+                    | M::PATH_MTU
+                    | M::TIMEOUT
+                    | M::RETRY_CNT
+                    | M::RNR_RETRY
+                    | M::MAX_QP_RD_ATOMIC
+                    | M::MAX_DEST_RD_ATOMIC,
             ),
             _ => return Err(ModifyError::InvalidTransition { from, to }),
         };
-        for &(name, set) in &present {
-            if set && !required.contains(&name) && !optional.contains(&name) {
-                return Err(ModifyError::UnexpectedAttr {
-                    from,
-                    to,
-                    attr: name,
-                });
-            }
-            if !set && required.contains(&name) {
-                return Err(ModifyError::MissingAttr {
-                    from,
-                    to,
-                    attr: name,
-                });
-            }
+        if let Some(attr) = present.minus(required.union(optional)).first_name() {
+            return Err(ModifyError::UnexpectedAttr { from, to, attr });
+        }
+        if let Some(attr) = required.minus(present).first_name() {
+            return Err(ModifyError::MissingAttr { from, to, attr });
         }
         // Values.
         let bad = |attr, why| Err(ModifyError::BadValue { attr, why });

@@ -1,6 +1,8 @@
 //! The invariant CRC of RoCEv2 (annex A17.3.3): the masked fields and the
 //! CRC-32 over them.
 
+use core::mem::offset_of;
+
 use super::*;
 
 /// Computes the ICRC of a RoCEv2 packet. `l3` starts at the IP header and ends
@@ -60,20 +62,20 @@ pub(super) fn mask_invariant(l3: &[u8], out: &mut [u8]) -> Result<usize> {
     let h = &mut out[8..8 + n];
     h.copy_from_slice(&l3[..n]);
     if l3[0] >> 4 == 6 {
-        h[0] |= 0x0f; // traffic class
-        h[1] = 0xff; // and flow label
-        h[2] = 0xff;
-        h[3] = 0xff;
-        h[7] = 0xff; // hop limit
+        // Traffic class and flow label: all of ver_tc_flow but the version.
+        let f = offset_of!(Ipv6Hdr, ver_tc_flow);
+        h[f] |= 0x0f;
+        h[f + 1..f + 4].fill(0xff);
+        h[offset_of!(Ipv6Hdr, hop_limit)] = 0xff;
     } else {
-        h[1] = 0xff; // TOS
-        h[8] = 0xff; // TTL
-        h[10] = 0xff; // header checksum
-        h[11] = 0xff;
+        h[offset_of!(Ipv4Hdr, tos)] = 0xff;
+        h[offset_of!(Ipv4Hdr, ttl)] = 0xff;
+        let c = offset_of!(Ipv4Hdr, checksum);
+        h[c..c + 2].fill(0xff);
     }
     let t = &mut h[ihl..];
-    t[6] = 0xff; // UDP checksum
-    t[7] = 0xff;
-    t[UdpHdr::LEN + 4] = 0xff; // BTH resv8a
+    let c = offset_of!(UdpHdr, checksum);
+    t[c..c + 2].fill(0xff);
+    t[UdpHdr::LEN + offset_of!(Bth, resv8a)] = 0xff;
     Ok(8 + n)
 }

@@ -1,4 +1,10 @@
+use core::mem::offset_of;
+
 use super::*;
+
+/// Where the headers of an untagged IPv4 frame start.
+const L4: usize = EthHdr::LEN + Ipv4Hdr::LEN;
+const BTH: usize = L4 + UdpHdr::LEN;
 
 #[test]
 fn sport_matches_rxe_capture() {
@@ -85,7 +91,11 @@ fn emit_parse_round_trip_with_pad() {
     let r = sample(opcode::RC_RDMA_WRITE_ONLY);
     let mut buf = [0u8; 256];
     let n = r.emit(b"hello", &mut buf).unwrap();
-    assert_eq!(n, 14 + 20 + 8 + 12 + 16 + 5 + 3 + 4);
+    assert_eq!(
+        n,
+        BTH + Bth::LEN + Reth::LEN + 5 + 3 + ICRC_LEN,
+        "headers, RETH, 5 bytes of payload, 3 of pad, ICRC"
+    );
     let (p, layout) = RoceRepr::parse(&buf[..n]).unwrap();
     assert_eq!(&buf[layout.payload.clone()], b"hello");
     let mut expect = r;
@@ -115,7 +125,7 @@ fn distinct_errors() {
     // claiming a pad larger than the padded payload on an empty payload.
     let r0 = sample(opcode::RC_RDMA_WRITE_ONLY);
     let n0 = r0.emit(b"", &mut bad).unwrap();
-    let t = 14 + 20 + 8;
+    let t = BTH;
     bad[t + 1] |= 0x30;
     assert_eq!(
         RoceRepr::parse_unchecked_icrc(&bad[..n0]).unwrap_err(),
@@ -124,7 +134,7 @@ fn distinct_errors() {
 
     // UDP length larger than the IP payload.
     let mut bad = buf;
-    bad[14 + 20 + 4] = 0x7f;
+    bad[L4 + offset_of!(UdpHdr, len)] = 0x7f;
     assert_eq!(
         RoceRepr::parse(&bad[..n]).unwrap_err(),
         WireError::BadLength
@@ -137,7 +147,7 @@ fn distinct_errors() {
     );
 
     let mut bad = buf;
-    bad[14 + 20 + 8] = 0xe0;
+    bad[BTH + offset_of!(Bth, opcode)] = 0xe0;
     assert_eq!(
         RoceRepr::parse(&bad[..n]).unwrap_err(),
         WireError::UnknownOpcode
@@ -145,16 +155,16 @@ fn distinct_errors() {
     // A reserved RC opcode passes the opcode check (the QP NAKs it), so
     // this frame, whose ICRC was not recomputed, fails on the ICRC.
     let mut bad = buf;
-    bad[14 + 20 + 8] = 0x15;
+    bad[BTH + offset_of!(Bth, opcode)] = 0x15;
     assert_eq!(RoceRepr::parse(&bad[..n]).unwrap_err(), WireError::BadIcrc);
     let mut bad = buf;
-    bad[14 + 20 + 8 + 1] |= 1;
+    bad[BTH + offset_of!(Bth, flags)] |= 1;
     assert_eq!(RoceRepr::parse(&bad[..n]).unwrap_err(), WireError::BadTver);
     let mut bad = buf;
-    bad[14 + 20 + 2] = 0;
+    bad[L4 + offset_of!(UdpHdr, dst_port)] = 0;
     assert_eq!(RoceRepr::parse(&bad[..n]).unwrap_err(), WireError::NotRoce);
     let mut bad = buf;
-    bad[14 + 6] = 0x20; // MF
+    bad[EthHdr::LEN + offset_of!(Ipv4Hdr, frag_off)] = 0x20; // MF
     assert_eq!(
         RoceRepr::parse(&bad[..n]).unwrap_err(),
         WireError::BadIpChecksum
@@ -206,4 +216,18 @@ fn vlan_and_ipv6_round_trip() {
     assert_eq!(p.transport.imm, Some(0xdeadbeef));
     assert_eq!(l.payload.len(), 9);
     assert_eq!(p.ip, r.ip);
+}
+
+#[test]
+fn syndrome_encode_is_the_inverse_of_decode() {
+    // Every syndrome byte whose bit 7 is clear (bit 7 is reserved).
+    for b in 0..0x80u8 {
+        assert_eq!(Syndrome::decode(b).encode(), b, "{b:#x}");
+    }
+    assert_eq!(syndrome::ACK_UNLIMITED, 0x1f);
+    assert_eq!(syndrome::RNR_NAK, 0x20);
+    assert_eq!(syndrome::NAK_PSN_SEQ, 0x60);
+    assert_eq!(syndrome::NAK_INVALID_REQUEST, 0x61);
+    assert_eq!(syndrome::NAK_REMOTE_ACCESS, 0x62);
+    assert_eq!(syndrome::NAK_REMOTE_OPERATIONAL, 0x63);
 }

@@ -100,16 +100,39 @@ pub enum Syndrome {
     Reserved(u8),
 }
 
+/// The syndromes the engine sends, as bytes ([`Syndrome::encode`] of each).
 pub mod syndrome {
-    pub const ACK_UNLIMITED: u8 = 0x1f;
-    pub const RNR_NAK: u8 = 0x20;
-    pub const NAK_PSN_SEQ: u8 = 0x60;
-    pub const NAK_INVALID_REQUEST: u8 = 0x61;
-    pub const NAK_REMOTE_ACCESS: u8 = 0x62;
-    pub const NAK_REMOTE_OPERATIONAL: u8 = 0x63;
+    use super::{NakCode, Syndrome};
+    pub const ACK_UNLIMITED: u8 = Syndrome::Ack { credits: 0x1f }.encode();
+    /// An RNR NAK with timer code 0; the code goes in the low 5 bits.
+    pub const RNR_NAK: u8 = Syndrome::RnrNak { timer: 0 }.encode();
+    pub const NAK_PSN_SEQ: u8 = Syndrome::Nak(NakCode::PsnSequenceError).encode();
+    pub const NAK_INVALID_REQUEST: u8 = Syndrome::Nak(NakCode::InvalidRequest).encode();
+    pub const NAK_REMOTE_ACCESS: u8 = Syndrome::Nak(NakCode::RemoteAccessError).encode();
+    pub const NAK_REMOTE_OPERATIONAL: u8 = Syndrome::Nak(NakCode::RemoteOperationalError).encode();
 }
 
 impl Syndrome {
+    /// The AETH syndrome byte (IBA 9.7.5.2.1: bits 6-5 the kind, 4-0 the
+    /// credit count, RNR timer or NAK code). The inverse of [`Syndrome::decode`].
+    pub const fn encode(self) -> u8 {
+        match self {
+            Syndrome::Ack { credits } => credits & 0x1f,
+            Syndrome::RnrNak { timer } => 0x20 | (timer & 0x1f),
+            Syndrome::Nak(code) => {
+                0x60 | match code {
+                    NakCode::PsnSequenceError => 0,
+                    NakCode::InvalidRequest => 1,
+                    NakCode::RemoteAccessError => 2,
+                    NakCode::RemoteOperationalError => 3,
+                    NakCode::InvalidRdRequest => 4,
+                    NakCode::Reserved(x) => x & 0x1f,
+                }
+            }
+            Syndrome::Reserved(s) => s,
+        }
+    }
+
     pub fn decode(s: u8) -> Syndrome {
         let v = s & 0x1f;
         match (s >> 5) & 0x3 {
