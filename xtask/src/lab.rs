@@ -8,8 +8,6 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Result};
 use serde_json::Value;
 
-use crate::setup::*;
-
 pub(crate) struct Lab {
     pub(crate) ns: Vec<String>,
     pub(crate) pids: Vec<u32>,
@@ -21,21 +19,7 @@ impl Drop for Lab {
         if self.keep {
             return;
         }
-        for pid in &self.pids {
-            let _ = Command::new("kill")
-                .args(["-TERM", &pid.to_string()])
-                .status();
-        }
-        let deadline = Instant::now() + Duration::from_secs(3);
-        for pid in &self.pids {
-            while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .stderr(Stdio::null())
-                .status();
-        }
+        netlab::stop_pids(&self.pids, Duration::from_secs(3));
         for ns in &self.ns {
             netns_del(ns);
         }
@@ -56,71 +40,26 @@ impl Lab {
     }
 }
 
-/// Deletes a namespace if it exists (and what lives only in it).
-pub(crate) fn netns_del(ns: &str) {
-    let _ = Command::new("ip")
-        .args(["netns", "del", ns])
-        .stderr(Stdio::null())
-        .status();
-}
+pub(crate) use netlab::netns_del;
 
 pub(crate) fn ip(args: &[&str]) -> Result<()> {
-    sh(Command::new("ip").args(args))
+    Ok(netlab::ip(args)?)
 }
 
 /// Two namespaces joined by a veth pair, addressed and up.
 pub(crate) fn veth_pair(ns: &[String; 2], devs: [&str; 2], addrs: [&str; 2]) -> Result<()> {
-    for n in ns {
-        ip(&["netns", "add", n])?;
-    }
-    ip(&[
-        "link", "add", devs[0], "type", "veth", "peer", "name", devs[1],
-    ])?;
-    for i in 0..2 {
-        ip(&["link", "set", devs[i], "netns", &ns[i]])?;
-        ip(&[
-            "-n",
-            &ns[i],
-            "addr",
-            "add",
-            &format!("{}/24", addrs[i]),
-            "dev",
-            devs[i],
-        ])?;
-        ip(&["-n", &ns[i], "link", "set", devs[i], "up"])?;
-        ip(&["-n", &ns[i], "link", "set", "lo", "up"])?;
-    }
-    Ok(())
+    Ok(netlab::veth_pair([&ns[0], &ns[1]], devs, addrs, None)?)
 }
 
 /// Host A - relay - host B: three namespaces, the relay's two veth ends
 /// without addresses.
 pub(crate) fn relay_topology(ns: &[String; 3], devs: [&str; 4], addrs: [&str; 2]) -> Result<()> {
-    for n in ns {
-        ip(&["netns", "add", n])?;
-    }
-    for (host, (hdev, rdev), addr) in [
-        (0, (devs[0], devs[1]), addrs[0]),
-        (2, (devs[3], devs[2]), addrs[1]),
-    ] {
-        ip(&["link", "add", hdev, "type", "veth", "peer", "name", rdev])?;
-        ip(&["link", "set", hdev, "netns", &ns[host]])?;
-        ip(&["link", "set", rdev, "netns", &ns[1]])?;
-        ip(&[
-            "-n",
-            &ns[host],
-            "addr",
-            "add",
-            &format!("{addr}/24"),
-            "dev",
-            hdev,
-        ])?;
-        for (n, d) in [(&ns[host], hdev), (&ns[1], rdev)] {
-            ip(&["-n", n, "link", "set", d, "up"])?;
-            ip(&["-n", n, "link", "set", "lo", "up"])?;
-        }
-    }
-    Ok(())
+    Ok(netlab::relay_topology(
+        [&ns[0], &ns[1], &ns[2]],
+        devs,
+        addrs,
+        None,
+    )?)
 }
 
 pub(crate) fn check(ok: bool, what: &str) -> Result<()> {

@@ -37,11 +37,6 @@ pub struct Relay {
     proc: Option<Child>,
 }
 
-fn ip(args: &[&str]) {
-    let st = Command::new("ip").args(args).status().expect("ip");
-    assert!(st.success(), "ip {}", args.join(" "));
-}
-
 impl Lab {
     pub fn new(mtu: u32) -> Lab {
         Self::build(Lab::new_empty(), mtu)
@@ -75,50 +70,21 @@ impl Lab {
     }
 
     fn build(lab: Lab, mtu: u32) -> Lab {
-        let (ns, dev, addr) = (lab.ns.clone(), lab.dev.clone(), lab.addr.clone());
-        for s in &ns {
-            ip(&["netns", "add", s]);
-        }
-        if let Some(Relay {
-            ns: rns, dev: rdev, ..
-        }) = &lab.relay
-        {
-            ip(&["netns", "add", rns]);
-            for i in 0..2 {
-                ip(&[
-                    "link", "add", &dev[i], "type", "veth", "peer", "name", &rdev[i],
-                ]);
-                ip(&["link", "set", &rdev[i], "netns", rns]);
-                ip(&["-n", rns, "link", "set", &rdev[i], "mtu", &mtu.to_string()]);
-                ip(&["-n", rns, "link", "set", &rdev[i], "up"]);
-            }
-        } else {
-            ip(&[
-                "link", "add", &dev[0], "type", "veth", "peer", "name", &dev[1],
-            ]);
-        }
-        for i in 0..2 {
-            ip(&["link", "set", &dev[i], "netns", &ns[i]]);
-            ip(&[
-                "-n",
-                &ns[i],
-                "link",
-                "set",
-                &dev[i],
-                "mtu",
-                &mtu.to_string(),
-            ]);
-            ip(&[
-                "-n",
-                &ns[i],
-                "addr",
-                "add",
-                &format!("{}/24", addr[i]),
-                "dev",
-                &dev[i],
-            ]);
-            ip(&["-n", &ns[i], "link", "set", &dev[i], "up"]);
-            ip(&["-n", &ns[i], "link", "set", "lo", "up"]);
+        let (ns, dev, addr) = (&lab.ns, &lab.dev, &lab.addr);
+        let addrs = [addr[0].as_str(), addr[1].as_str()];
+        let r = match &lab.relay {
+            Some(Relay {
+                ns: rns, dev: rdev, ..
+            }) => netlab::relay_topology(
+                [&ns[0], rns, &ns[1]],
+                [&dev[0], &rdev[0], &rdev[1], &dev[1]],
+                addrs,
+                Some(mtu),
+            ),
+            None => netlab::veth_pair([&ns[0], &ns[1]], [&dev[0], &dev[1]], addrs, Some(mtu)),
+        };
+        if let Err(e) = r {
+            panic!("build the lab: {e}");
         }
         lab
     }
@@ -404,10 +370,7 @@ impl Drop for Lab {
             r.ns.clone()
         });
         for s in self.ns.iter().chain(relay_ns.iter()) {
-            let _ = Command::new("ip")
-                .args(["netns", "del", s])
-                .stderr(Stdio::null())
-                .status();
+            netlab::netns_del(s);
         }
     }
 }
