@@ -1,5 +1,7 @@
 //! The control protocol between the CLI and the daemon: one JSON object per
 //! line each way. Unknown fields and malformed lines are rejected.
+//!
+//! Types and names only; nothing here touches the data path.
 
 use serde::{Deserialize, Serialize};
 

@@ -1,6 +1,8 @@
 //! An in-process device: XDP program, AF_XDP sockets and data path owned and
 //! polled by the calling thread, without a daemon. Test tools, interop
 //! peers and benchmarks run on it (no control-plane hop in the timed path).
+//!
+//! It adds no behaviour to the data path: only ownership and polling.
 
 use std::fs::File;
 use std::time::{Duration, Instant};

@@ -1,5 +1,7 @@
 //! Facts about the host's network: interface MAC and addresses, neighbour
 //! (ARP/NDP) resolution, the network namespace we run in.
+//!
+//! Read-only: it never changes the host's configuration.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, UdpSocket};
 use std::time::{Duration, Instant};

@@ -1,4 +1,7 @@
 //! Loading and attaching the XDP classifier, and reading its maps.
+//!
+//! It must not decide about packets: the XDP program does, userspace only
+//! loads it, fills its maps and reads its counters.
 
 use std::os::fd::{AsRawFd, BorrowedFd};
 

@@ -6,6 +6,8 @@
 //! do not fit a ring stay in the list instead of being lost (the kernel
 //! publishes consumer progress late). Frames larger than one chunk use
 //! multi-buffer descriptors (`XDP_USE_SG`, `XDP_PKT_CONTD`).
+//!
+//! It moves bytes between rings and UMEM; it does not parse them.
 
 use std::ffi::CString;
 use std::num::NonZeroU32;

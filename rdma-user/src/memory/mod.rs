@@ -4,6 +4,9 @@
 //! Every remote access goes through [`MrTable::resolve`], which checks the key,
 //! the protection domain, the permission and the range (with overflow-safe
 //! arithmetic) before a single byte is touched.
+//!
+//! It knows nothing of packets or QPs: callers bring the key, the PD, the
+//! range and the access they need.
 
 use std::collections::HashMap;
 use std::fmt;

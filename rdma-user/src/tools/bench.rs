@@ -1,7 +1,8 @@
 //! perftest-compatible benchmarks on an in-process device: `write-lat`,
 //! `read-lat`, `send-lat`, `atomic-lat`, `write-bw`, `read-bw`, `send-bw`,
-//! with perftest's flags, its TCP exchange (perftest 4.5-0.17 = "6.06", see
-//! shared/rxe-peer/OOB-FORMAT.md) and its output columns, so that either
+//! with perftest's flags, its TCP exchange (perftest 4.5-0.17, version
+//! string "6.06": the key/address records of `perftest_communication.c`)
+//! and its output columns, so that either
 //! side can be perftest itself.
 
 use std::io::{ErrorKind, Read, Write};

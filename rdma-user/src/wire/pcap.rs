@@ -1,4 +1,6 @@
 //! Reading pcap files (test vectors, `decode`).
+//!
+//! Never on the data path.
 
 use std::path::Path;
 

@@ -1,3 +1,6 @@
+//! The wire format on literal and captured bytes: parse, emit, checks and
+//! the distinct error of every malformed header.
+
 use core::mem::offset_of;
 
 use super::*;
