@@ -78,18 +78,7 @@ fn rnr_nak_when_no_recv_is_posted_then_success() {
     // RNR NAK carries the 5-bit RNR timer code (min_rnr_timer 12).
     assert_eq!(aeth_of(&out[0].0), (syndrome::RNR_NAK | 12, 0x10));
     assert_eq!(b.n.qp.rq_psn(), 0x10, "the PSN is not consumed");
-    let buf = b.n.alloc(64);
-    let sg = [Sge {
-        addr: buf,
-        length: 64,
-        lkey: b.n.local_lkey,
-    }];
-    b.n.qp
-        .post_recv(&RecvWr {
-            wr_id: 7,
-            sg_list: &sg,
-        })
-        .unwrap();
+    let buf = b.recv(7, 64);
     b.req(opcode::RC_SEND_ONLY, 0x10, true, none, b"hello");
     assert_eq!(aeth_of(&b.out()[0].0), (syndrome::ACK_UNLIMITED, 0x10));
     let wc = b.wcs();
@@ -279,18 +268,7 @@ fn duplicate_write_is_reacked_not_reapplied() {
 fn duplicate_send_is_reacked_not_redelivered() {
     let mut b = Bench::new(1024, 0x100, 0x20);
     for id in 0..2 {
-        let a = b.n.alloc(16);
-        let sg = [Sge {
-            addr: a,
-            length: 16,
-            lkey: b.n.local_lkey,
-        }];
-        b.n.qp
-            .post_recv(&RecvWr {
-                wr_id: id,
-                sg_list: &sg,
-            })
-            .unwrap();
+        b.recv(id, 16);
     }
     b.req(opcode::RC_SEND_ONLY, 0x20, true, none, b"msg");
     b.req(opcode::RC_SEND_ONLY, 0x20, true, none, b"msg");
@@ -416,18 +394,7 @@ fn opcode_sequence_errors() {
         let mut b = Bench::new(256, 0x100, 0x50);
         let (va, rkey) = (b.va(WRITE_AREA), b.mr_rkey());
         for id in 0..2 {
-            let a = b.n.alloc(4096);
-            let sg = [Sge {
-                addr: a,
-                length: 4096,
-                lkey: b.n.local_lkey,
-            }];
-            b.n.qp
-                .post_recv(&RecvWr {
-                    wr_id: id,
-                    sg_list: &sg,
-                })
-                .unwrap();
+            b.recv(id, 4096);
         }
         let mut psn = 0x50;
         for &op in before.iter() {
@@ -493,18 +460,7 @@ fn length_errors() {
     // SEND longer than the RECV buffer: invalid request, RECV completes with
     // a local length error.
     let mut b = Bench::new(256, 0x100, 0x60);
-    let a = b.n.alloc(8);
-    let sg = [Sge {
-        addr: a,
-        length: 8,
-        lkey: b.n.local_lkey,
-    }];
-    b.n.qp
-        .post_recv(&RecvWr {
-            wr_id: 3,
-            sg_list: &sg,
-        })
-        .unwrap();
+    b.recv(3, 8);
     b.req(RC_SEND_ONLY, 0x60, true, none, &[1; 9]);
     assert_eq!(aeth_of(&b.out()[0].0).0, syndrome::NAK_INVALID_REQUEST);
     assert_eq!(b.wcs()[0].status, WcStatus::LocLenErr);
@@ -667,18 +623,7 @@ fn send_with_invalidate_is_an_invalid_request() {
         opcode::RC_SEND_LAST_WITH_INVALIDATE,
     ] {
         let mut b = Bench::new(1024, 0x100, 0x10);
-        let a = b.n.alloc(64);
-        let sg = [Sge {
-            addr: a,
-            length: 64,
-            lkey: b.n.local_lkey,
-        }];
-        b.n.qp
-            .post_recv(&RecvWr {
-                wr_id: 1,
-                sg_list: &sg,
-            })
-            .unwrap();
+        b.recv(1, 64);
         let rkey = b.mr_rkey();
         b.req(opc, 0x10, true, |t| t.ieth = Some(rkey), b"x");
         let out = b.out();
@@ -832,18 +777,7 @@ fn packet_lengths_follow_the_mtu() {
     ];
     for (name, before, (bad, len)) in cases {
         let mut b = Bench::new(256, 0x100, 0x60);
-        let a = b.n.alloc(4096);
-        let sg = [Sge {
-            addr: a,
-            length: 4096,
-            lkey: b.n.local_lkey,
-        }];
-        b.n.qp
-            .post_recv(&RecvWr {
-                wr_id: 1,
-                sg_list: &sg,
-            })
-            .unwrap();
+        b.recv(1, 4096);
         let mut psn = 0x60;
         for &(op, l) in before.iter() {
             b.req(op, psn, false, none, &vec![1u8; l]);

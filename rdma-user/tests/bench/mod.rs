@@ -27,14 +27,7 @@ impl Bench {
     pub fn with(mtu: u32, our_psn: u32, peer_psn: u32, tweak: impl Fn(&mut QpAttr)) -> Bench {
         let mut n = Node::new(B_QPN, 0x5000_0000, [10, 0, 0, 2], [10, 0, 0, 1], 9);
         let q = &mut n.qp;
-        q.modify(&QpAttr {
-            qp_state: Some(QpState::Init),
-            pkey_index: Some(0),
-            port_num: Some(1),
-            qp_access_flags: Some(Access::ALL),
-            ..Default::default()
-        })
-        .unwrap();
+        q.modify(&QpAttr::init(Access::ALL)).unwrap();
         q.modify(&QpAttr {
             qp_state: Some(QpState::Rtr),
             dest_gid: Some([0; 16]),
@@ -105,6 +98,24 @@ impl Bench {
     pub fn va(&self, off: u64) -> u64 {
         self.n.mr_addr + off
     }
+    /// Posts a RECV of a fresh `len`-byte local buffer; returns its address.
+    pub fn recv(&mut self, wr_id: u64, len: u32) -> u64 {
+        let addr = self.n.alloc(len as u64);
+        let sg = [Sge {
+            addr,
+            length: len,
+            lkey: self.n.local_lkey,
+        }];
+        self.n
+            .qp
+            .post_recv(&RecvWr {
+                wr_id,
+                sg_list: &sg,
+            })
+            .unwrap();
+        addr
+    }
+
     pub fn wcs(&mut self) -> Vec<Wc> {
         std::iter::from_fn(|| self.n.qp.poll_completion()).collect()
     }
