@@ -5,41 +5,17 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
+use rxevm::net::{BRIDGE, HOST_PORT, NETNS};
+use rxevm::{run_bounded, Bounded, GuestOutput, Lab, Settings, VmId};
 use serde_json::Value;
 
-use crate::{lab::*, root, setup::*};
+use crate::{lab::*, setup::*};
 
-pub(crate) fn rxe_peer() -> Result<PathBuf> {
-    let p = root()
-        .parent()
-        .map(|d| d.join("shared/rxe-peer/rxe-peer.sh"))
-        .ok_or_else(|| anyhow!("no parent directory"))?;
-    if !p.exists() {
-        bail!(
-            "{} is missing: the rxe peer VM scripts live in ../shared/rxe-peer",
-            p.display()
-        );
-    }
-    Ok(p)
-}
-
-pub(crate) struct Vm {
-    pub(crate) script: PathBuf,
-    pub(crate) keep: bool,
-}
-
-impl Drop for Vm {
-    fn drop(&mut self) {
-        if !self.keep {
-            let _ = Command::new(&self.script)
-                .arg("stop")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
-        }
-    }
-}
+/// How long our side and rxe's may take in one case before their process
+/// groups are killed.
+const OURS_TIMEOUT: Duration = Duration::from_secs(150);
+const RXE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// One interop case: our side in the namespace, rxe's tool in the VM.
 pub(crate) struct Case {
@@ -108,25 +84,54 @@ pub(crate) fn check_result_lines(c: &Case, ours: &str, rxe: &str) -> Result<()> 
     Ok(())
 }
 
-pub(crate) fn interop(quick: bool, keep_vm: bool, only: Option<&str>) -> Result<()> {
+/// What `cargo xtask interop` was asked for.
+pub(crate) struct Options<'a> {
+    pub(crate) quick: bool,
+    pub(crate) keep_vm: bool,
+    pub(crate) only: Option<&'a str>,
+    /// Write one capture per case into this directory.
+    pub(crate) capture_dir: Option<PathBuf>,
+}
+
+/// Boots the lab (one VM, or two for `rxe_pair`), with one line of
+/// progress, and says how long the image and the boot took.
+pub(crate) fn boot(vms: &[VmId], keep: bool) -> Result<(Lab, String)> {
+    let settings = Settings::from_env()?;
     let t0 = Instant::now();
-    let script = rxe_peer()?;
+    let image = crate::vm::image(&settings)?;
+    let prepared = t0.elapsed();
+    let lab = Lab::start(&settings, &image, vms, keep).context("boot the rxe VMs")?;
+    let boot = vms
+        .iter()
+        .map(|v| format!("{v} {:.1} s", lab.boot_time(*v).as_secs_f64()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let what = format!(
+        "image {} in {:.0} s, {} boot: {boot}",
+        if image.rebuilt { "built" } else { "cached" },
+        prepared.as_secs_f64(),
+        lab.accel()
+    );
+    Ok((lab, what))
+}
+
+/// One capture per case when asked for (removed again on drop).
+fn case_capture(lab: &Lab, dir: Option<&Path>, name: &str) -> Option<rxevm::Capture> {
+    let dir = dir?;
+    let file: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    std::fs::create_dir_all(dir).ok()?;
+    lab.capture(&dir.join(format!("{file}.pcap")), &[]).ok()
+}
+
+pub(crate) fn interop(o: &Options) -> Result<()> {
+    let (quick, only) = (o.quick, o.only);
+    let t0 = Instant::now();
     let bin = build(true)?;
-    sh(Command::new(&script).arg("setup").stdout(Stdio::null())).context("rxe-peer setup")?;
-    let _ = Command::new(&script)
-        .arg("stop")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
-    sh(Command::new(&script)
-        .args(["start", "a"])
-        .stdout(Stdio::null()))
-    .context("boot the rxe VM")?;
-    let _vm = Vm {
-        script: script.clone(),
-        keep: keep_vm,
-    };
-    let boot = t0.elapsed();
+    let (lab, booted) = boot(&[VmId::A], o.keep_vm)?;
+    println!("rxe VM: {booted}");
     let b = bin.to_string_lossy().to_string();
     let mut cases = Vec::new();
     let sizes: &[usize] = if quick {
@@ -144,45 +149,18 @@ pub(crate) fn interop(quick: bool, keep_vm: bool, only: Option<&str>) -> Result<
             cases.push(pingpong_case("IPv6 GID: ", 4096, 50, rxe_server, true));
         }
     }
-    let perf: &[(&str, &str, &[usize])] = if quick {
-        &[
-            ("write_lat", "write-lat", &[2]),
-            ("send_lat", "send-lat", &[2]),
-            ("read_bw", "read-bw", &[65536]),
-        ]
-    } else {
-        &[
-            ("write_lat", "write-lat", &[2, 5000, 1 << 20]),
-            ("send_lat", "send-lat", &[2, 5000, 1 << 20]),
-            ("read_lat", "read-lat", &[2, 5000, 1 << 20]),
-            ("atomic_lat", "atomic-lat", &[8]),
-            ("write_bw", "write-bw", &[2, 5000, 1 << 20]),
-            ("read_bw", "read-bw", &[2, 5000, 1 << 20]),
-            ("send_bw", "send-bw", &[2, 5000]),
-        ]
-    };
     // perftest servers in the VM against our bench client, then (full
     // matrix) perftest clients in the VM against our bench server.
     let roles: &[bool] = if quick { &[true] } else { &[true, false] };
     for &rxe_server in roles {
-        for (tool, ours, sizes) in perf {
+        for (tool, ours, sizes) in perf_matrix(quick) {
             for &s in *sizes {
                 let n = if s >= 1 << 20 { 5 } else { 20 };
                 let size = (*tool != "atomic_lat").then_some(s);
-                let c = perf_case("", tool, ours, size, n, rxe_server);
-                // rxe never stops its retransmit timer once everything is
-                // ACKed (rxe_comp.c: "some timeouts are spurious since we do
-                // not reset the timer"): it fires one timeout after the last
-                // ACK of a message and retries the next message if that one
-                // is in flight by then. A 1 MiB ping-pong into the emulated
-                // VM takes about 70 ms a message, right at perftest's
-                // default 67 ms (-u 14), so rxe would retry without any
-                // loss; a longer timeout keeps its counters meaningful.
-                cases.push(if s >= 1 << 20 && tool.ends_with("_lat") {
-                    c.with_rxe_flags("-u 18")
-                } else {
-                    c
-                });
+                cases.push(long_timeout(
+                    perf_case("", tool, ours, size, n, rxe_server),
+                    s,
+                ));
             }
         }
     }
@@ -222,91 +200,27 @@ pub(crate) fn interop(quick: bool, keep_vm: bool, only: Option<&str>) -> Result<
         cases.push(c);
     }
     let mut results = Vec::new();
-    // rxe's error counters are read around every clean case: a case that
-    // moves one fails the check below, unless the host dropped frames on
-    // their way into the emulated VM meanwhile (the guest falls behind line
-    // rate), which is reported as the explanation.
-    let counters_before = rxe_counters(&script);
-    let mut prev = counters_before.as_ref().ok().cloned();
-    let mut counters_unread = prev.is_none();
-    let mut explained: Vec<String> = Vec::new();
-    let mut unexplained: Vec<String> = Vec::new();
-    let get = |m: &Counters, k: &str| m.get(k).copied().unwrap_or(0);
+    let mut watch = CounterWatch::new(&lab, &[VmId::A]);
     for c in cases
         .iter()
         .filter(|c| only.is_none_or(|o| c.name.contains(o)))
     {
-        let tap0 = tap_tx_dropped();
+        let cap = case_capture(&lab, o.capture_dir.as_deref(), &c.name);
+        watch.case_start();
         let start = Instant::now();
-        let r = run_case(&script, &b, c);
+        let r = run_case(&lab, &b, c);
         let secs = start.elapsed().as_secs_f64();
-        let now = rxe_counters(&script).ok();
-        let moved: Vec<String> = match (&prev, &now) {
-            (Some(p), Some(n)) => RXE_ERROR_COUNTERS
-                .iter()
-                .map(|k| (k, get(n, k) - get(p, k)))
-                .filter(|(_, d)| *d != 0)
-                .map(|(k, d)| format!("{k} +{d}"))
-                .collect(),
-            _ => {
-                counters_unread = true;
-                Vec::new()
-            }
-        };
-        prev = now;
-        let tap = tap_tx_dropped() - tap0;
-        let note = if moved.is_empty() {
-            String::new()
-        } else {
-            let what = format!("{} ({})", c.name, moved.join(", "));
-            if tap > 0 {
-                explained.push(format!("{what}, {tap} frames dropped into the VM"));
-            } else {
-                unexplained.push(what);
-            }
-            format!(
-                "  [rxe counters: {}; host dropped {tap} frames into the VM]",
-                moved.join(", ")
-            )
-        };
+        drop(cap);
+        let note = watch.case_end(&c.name);
         match &r {
             Ok(()) => println!("PASS  {:<55} {:>6.1} s{note}", c.name, secs),
             Err(e) => println!("FAIL  {:<55} {:>6.1} s  {e:#}{note}", c.name, secs),
         }
         results.push(r.is_ok());
     }
-    match (&counters_before, &prev) {
-        (Ok(b), Some(a)) if !counters_unread => {
-            if !explained.is_empty() {
-                println!(
-                    "note  rxe counters moved where the host dropped frames into the VM: {}",
-                    explained.join("; ")
-                );
-            }
-            let ok = unexplained.is_empty();
-            println!(
-                "{}  {:<55} {} packets sent, {} received by rxe{}",
-                if ok { "PASS" } else { "FAIL" },
-                "rxe error counters unchanged by the clean cases",
-                get(a, "sent_pkts") - get(b, "sent_pkts"),
-                get(a, "rcvd_pkts") - get(b, "rcvd_pkts"),
-                if ok {
-                    String::new()
-                } else {
-                    format!(": {}", unexplained.join("; "))
-                }
-            );
-            results.push(ok);
-        }
-        _ => {
-            println!(
-                "FAIL  {:<55} {:?}",
-                "read rxe's counters",
-                counters_before.as_ref().err()
-            );
-            results.push(false);
-        }
-    }
+    let (ok, line) = watch.verdict();
+    println!("{line}");
+    results.push(ok);
     // Loss recovery across implementations: the impairment relay drops 1 %
     // of RoCE frames in both directions between us and rxe.
     let loss_cases = loss_cases(quick);
@@ -323,8 +237,10 @@ pub(crate) fn interop(quick: bool, keep_vm: bool, only: Option<&str>) -> Result<
             }
             Ok(relay) => {
                 for c in selected {
+                    let cap = case_capture(&lab, o.capture_dir.as_deref(), &c.name);
                     let start = Instant::now();
-                    let r = run_case(&script, &b, c);
+                    let r = run_case(&lab, &b, c);
+                    drop(cap);
                     let secs = start.elapsed().as_secs_f64();
                     match &r {
                         Ok(()) => println!("PASS  {:<55} {:>6.1} s", c.name, secs),
@@ -352,21 +268,14 @@ pub(crate) fn interop(quick: bool, keep_vm: bool, only: Option<&str>) -> Result<
     // dissector: capture one more exchange and ask tshark for malformed or
     // error-level expert items.
     let pcap = std::env::temp_dir().join("rdma-interop.pcap");
-    let _ = sh(Command::new(&script)
-        .args(["capture", "start"])
-        .arg(&pcap)
-        .args(["udp", "port", "4791"])
-        .stdout(Stdio::null()));
-    std::thread::sleep(Duration::from_millis(800));
-    let check = run_case(
-        &script,
-        &b,
-        &pingpong_case("capture: ", 4096, 20, true, false),
-    );
-    std::thread::sleep(Duration::from_millis(500));
-    let _ = sh(Command::new(&script)
-        .args(["capture", "stop"])
-        .stdout(Stdio::null()));
+    let check = lab
+        .capture(&pcap, &["udp", "port", "4791"])
+        .map_err(anyhow::Error::from)
+        .and_then(|cap| {
+            let r = run_case(&lab, &b, &pingpong_case("capture: ", 4096, 20, true, false));
+            cap.stop();
+            r
+        });
     let tshark = check
         .and_then(|_| tshark_clean(&pcap))
         .and_then(|n| icrc_clean(&b, &pcap).map(|_| n));
@@ -383,17 +292,183 @@ pub(crate) fn interop(quick: bool, keep_vm: bool, only: Option<&str>) -> Result<
     results.push(tshark.is_ok());
     let passed = results.iter().filter(|&&x| x).count();
     println!(
-        "interop: {} passed, {} failed ({} cases; VM boot {:.0} s, total {:.0} s)",
+        "interop: {} passed, {} failed ({} cases; {booted}; total {:.0} s)",
         passed,
         results.len() - passed,
         results.len(),
-        boot.as_secs_f64(),
         t0.elapsed().as_secs_f64()
     );
     if passed != results.len() {
         bail!("interop failures");
     }
     Ok(())
+}
+
+/// perftest tools, our bench's name for each, and the sizes they run at.
+type PerfRow = (&'static str, &'static str, &'static [usize]);
+
+pub(crate) fn perf_matrix(quick: bool) -> &'static [PerfRow] {
+    if quick {
+        &[
+            ("write_lat", "write-lat", &[2]),
+            ("send_lat", "send-lat", &[2]),
+            ("read_bw", "read-bw", &[65536]),
+        ]
+    } else {
+        &[
+            ("write_lat", "write-lat", &[2, 5000, 1 << 20]),
+            ("send_lat", "send-lat", &[2, 5000, 1 << 20]),
+            ("read_lat", "read-lat", &[2, 5000, 1 << 20]),
+            ("atomic_lat", "atomic-lat", &[8]),
+            ("write_bw", "write-bw", &[2, 5000, 1 << 20]),
+            ("read_bw", "read-bw", &[2, 5000, 1 << 20]),
+            ("send_bw", "send-bw", &[2, 5000]),
+        ]
+    }
+}
+
+/// rxe never stops its retransmit timer once everything is ACKed
+/// (rxe_comp.c: "some timeouts are spurious since we do not reset the
+/// timer"): it fires one timeout after the last ACK of a message and
+/// retries the next message if that one is in flight by then. A 1 MiB
+/// ping-pong into the emulated VM takes about 70 ms a message, right at
+/// perftest's default 67 ms (-u 14), so rxe would retry without any loss;
+/// a longer timeout keeps its counters meaningful.
+fn long_timeout(c: Case, size: usize) -> Case {
+    if size >= 1 << 20 && c.name.contains("_lat") {
+        c.with_rxe_flags("-u 18")
+    } else {
+        c
+    }
+}
+
+/// rxe's error counters around each case, in one or more VMs: a clean case
+/// that moves one fails, unless the host dropped frames on their way into
+/// an emulated VM meanwhile (the guest falls behind line rate), which is
+/// reported as the explanation.
+pub(crate) struct CounterWatch<'a> {
+    lab: &'a Lab,
+    vms: Vec<VmId>,
+    first: Option<Vec<Counters>>,
+    prev: Option<Vec<Counters>>,
+    unread: Option<String>,
+    drops0: i64,
+    explained: Vec<String>,
+    unexplained: Vec<String>,
+}
+
+fn get(m: &Counters, k: &str) -> i64 {
+    m.get(k).copied().unwrap_or(0)
+}
+
+impl<'a> CounterWatch<'a> {
+    pub(crate) fn new(lab: &'a Lab, vms: &[VmId]) -> Self {
+        let mut w = CounterWatch {
+            lab,
+            vms: vms.to_vec(),
+            first: None,
+            prev: None,
+            unread: None,
+            drops0: 0,
+            explained: Vec::new(),
+            unexplained: Vec::new(),
+        };
+        w.prev = w.read();
+        w.first = w.prev.clone();
+        w
+    }
+
+    fn read(&mut self) -> Option<Vec<Counters>> {
+        let r: Result<Vec<Counters>, _> = self.vms.iter().map(|v| self.lab.counters(*v)).collect();
+        match r {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.unread.get_or_insert(e.to_string());
+                None
+            }
+        }
+    }
+
+    fn drops(&self) -> i64 {
+        self.vms.iter().map(|v| self.lab.tap_tx_dropped(*v)).sum()
+    }
+
+    pub(crate) fn case_start(&mut self) {
+        self.drops0 = self.drops();
+    }
+
+    /// The counters that moved in the case just run, as a note for its line.
+    pub(crate) fn case_end(&mut self, name: &str) -> String {
+        let now = self.read();
+        let mut moved = Vec::new();
+        if let (Some(p), Some(n)) = (&self.prev, &now) {
+            for (i, vm) in self.vms.iter().enumerate() {
+                for k in RXE_ERROR_COUNTERS {
+                    let d = get(&n[i], k) - get(&p[i], k);
+                    if d != 0 {
+                        let who = if self.vms.len() > 1 {
+                            format!("{vm}:")
+                        } else {
+                            String::new()
+                        };
+                        moved.push(format!("{who}{k} +{d}"));
+                    }
+                }
+            }
+        }
+        self.prev = now;
+        if moved.is_empty() {
+            return String::new();
+        }
+        let tap = self.drops() - self.drops0;
+        let what = format!("{name} ({})", moved.join(", "));
+        if tap > 0 {
+            self.explained
+                .push(format!("{what}, {tap} frames dropped into the VM"));
+        } else {
+            self.unexplained.push(what);
+        }
+        format!(
+            "  [rxe counters: {}; host dropped {tap} frames into the VM]",
+            moved.join(", ")
+        )
+    }
+
+    /// The closing line and whether it passed.
+    pub(crate) fn verdict(&self) -> (bool, String) {
+        let (Some(b), Some(a), None) = (&self.first, &self.prev, &self.unread) else {
+            return (
+                false,
+                format!(
+                    "FAIL  {:<55} {}",
+                    "read rxe's counters",
+                    self.unread.as_deref().unwrap_or("unread")
+                ),
+            );
+        };
+        let mut line = String::new();
+        if !self.explained.is_empty() {
+            line.push_str(&format!(
+                "note  rxe counters moved where the host dropped frames into the VM: {}\n",
+                self.explained.join("; ")
+            ));
+        }
+        let ok = self.unexplained.is_empty();
+        let sum = |m: &[Counters], k: &str| m.iter().map(|c| get(c, k)).sum::<i64>();
+        line.push_str(&format!(
+            "{}  {:<55} {} packets sent, {} received by rxe{}",
+            if ok { "PASS" } else { "FAIL" },
+            "rxe error counters unchanged by the clean cases",
+            sum(a, "sent_pkts") - sum(b, "sent_pkts"),
+            sum(a, "rcvd_pkts") - sum(b, "rcvd_pkts"),
+            if ok {
+                String::new()
+            } else {
+                format!(": {}", self.unexplained.join("; "))
+            }
+        ));
+        (ok, line)
+    }
 }
 
 /// rxe's hw counters that a clean exchange must not move (rxe has no ICRC
@@ -411,46 +486,7 @@ pub(crate) const RXE_ERROR_COUNTERS: [&str; 9] = [
     "link_downed",
 ];
 
-/// Frames the host dropped on their way into the VM (its tap's TX queue
-/// overflows when the emulated guest falls behind).
-pub(crate) fn tap_tx_dropped() -> i64 {
-    Command::new("ip")
-        .args(["-n", RXE_NS, "-s", "-j", "link", "show", "rxetap-a"])
-        .output()
-        .ok()
-        .and_then(|o| serde_json::from_slice::<Value>(&o.stdout).ok())
-        .and_then(|v| v[0]["stats64"]["tx"]["dropped"].as_i64())
-        .unwrap_or(0)
-}
-
-pub(crate) type Counters = std::collections::HashMap<String, i64>;
-
-/// `rdma statistic show link rxe0/1` in the VM, as name -> value.
-pub(crate) fn rxe_counters(script: &Path) -> Result<Counters> {
-    let out = Command::new(script)
-        .args([
-            "exec",
-            "-v",
-            "a",
-            "--",
-            "rdma",
-            "statistic",
-            "show",
-            "link",
-            "rxe0/1",
-        ])
-        .output()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let words: Vec<&str> = text.split_whitespace().skip(2).collect();
-    let m: Counters = words
-        .chunks(2)
-        .filter_map(|p| Some((p.first()?.to_string(), p.get(1)?.parse().ok()?)))
-        .collect();
-    if m.is_empty() {
-        bail!("no counters in: {}", text.trim());
-    }
-    Ok(m)
-}
+pub(crate) type Counters = std::collections::BTreeMap<String, i64>;
 
 /// ibv_rc_pingpong with its data check against our `rdma-xdp pingpong`, over
 /// the IPv4 GIDs or the IPv6 ones.
@@ -565,7 +601,6 @@ pub(crate) struct RxeRelay {
     pub(crate) stats: PathBuf,
 }
 
-pub(crate) const RXE_NS: &str = "rxepeer";
 pub(crate) const RELAY_NS: &str = "rxerelay";
 
 impl RxeRelay {
@@ -575,21 +610,19 @@ impl RxeRelay {
         let _ = std::fs::remove_file(&stats);
         let mut r = RxeRelay { child: None, stats };
         ip(&["netns", "add", RELAY_NS])?;
-        ip(&["-n", RXE_NS, "link", "set", "rxehost0p", "nomaster"])?;
-        ip(&["-n", RXE_NS, "link", "set", "rxehost0p", "netns", RELAY_NS])?;
+        ip(&["-n", NETNS, "link", "set", HOST_PORT, "nomaster"])?;
+        ip(&["-n", NETNS, "link", "set", HOST_PORT, "netns", RELAY_NS])?;
         ip(&[
-            "-n", RXE_NS, "link", "add", "rxrly1", "type", "veth", "peer", "name", "rxrly0",
+            "-n", NETNS, "link", "add", "rxrly1", "type", "veth", "peer", "name", "rxrly0",
             "netns", RELAY_NS,
         ])?;
-        ip(&[
-            "-n", RXE_NS, "link", "set", "rxrly1", "master", "rxebr0", "up",
-        ])?;
-        ip(&["-n", RELAY_NS, "link", "set", "rxehost0p", "up"])?;
+        ip(&["-n", NETNS, "link", "set", "rxrly1", "master", BRIDGE, "up"])?;
+        ip(&["-n", RELAY_NS, "link", "set", HOST_PORT, "up"])?;
         ip(&["-n", RELAY_NS, "link", "set", "rxrly0", "up"])?;
         r.child = Some(Running(
             Command::new("ip")
                 .args(["netns", "exec", RELAY_NS, bin, "--json", "relay"])
-                .args(["--a", "rxehost0p", "--b", "rxrly0", "--stats-file"])
+                .args(["--a", HOST_PORT, "--b", "rxrly0", "--stats-file"])
                 .arg(&r.stats)
                 .args(flags.split_whitespace())
                 .stdout(Stdio::null())
@@ -612,18 +645,11 @@ impl RxeRelay {
         let q = |args: &[&str]| {
             let _ = Command::new("ip").args(args).stderr(Stdio::null()).status();
         };
-        q(&["-n", RELAY_NS, "link", "set", "rxehost0p", "netns", RXE_NS]);
+        q(&["-n", RELAY_NS, "link", "set", HOST_PORT, "netns", NETNS]);
         q(&[
-            "-n",
-            RXE_NS,
-            "link",
-            "set",
-            "rxehost0p",
-            "master",
-            "rxebr0",
-            "up",
+            "-n", NETNS, "link", "set", HOST_PORT, "master", BRIDGE, "up",
         ]);
-        q(&["-n", RXE_NS, "link", "del", "rxrly1"]);
+        q(&["-n", NETNS, "link", "del", "rxrly1"]);
         netns_del(RELAY_NS);
     }
 }
@@ -635,81 +661,54 @@ impl Drop for RxeRelay {
     }
 }
 
-pub(crate) fn run_case(script: &Path, bin: &str, c: &Case) -> Result<()> {
-    let ns = |args: &[String]| -> Result<std::process::Output> {
-        Ok(Command::new("timeout")
-            .arg("150")
-            .arg(script)
-            .arg("ns")
-            .arg(bin)
-            .args(args)
-            .output()?)
-    };
-    if c.rxe_server {
-        let out = Command::new(script)
-            .args(["bg", "-v", "a", "--"])
-            .args(c.rxe.split_whitespace())
-            .output()?;
-        let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        let (pid, log) = line
-            .split_once(' ')
-            .ok_or_else(|| anyhow!("rxe-peer bg: {line}"))?;
+/// One case: rxe's tool in VM a, ours in the namespace, each bounded by a
+/// time-out that kills its process group.
+pub(crate) fn run_case(lab: &Lab, bin: &str, c: &Case) -> Result<()> {
+    let mut ours_cmd = lab.host(bin);
+    ours_cmd.args(&c.ours);
+    let (ours, rxe) = if c.rxe_server {
+        let job = lab.spawn(VmId::A, &c.rxe)?;
+        // perftest's server listens after its device setup.
         std::thread::sleep(Duration::from_secs(2));
-        let ours = ns(&c.ours)?;
-        let rxe = Command::new(script)
-            .args(["wait", "-v", "a", "-t", "120", pid, log])
-            .output()?;
-        let (o, r) = (
-            String::from_utf8_lossy(&ours.stdout),
-            String::from_utf8_lossy(&rxe.stdout),
-        );
-        if !ours.status.success() || !o.contains(&c.ours_ok) {
-            let _ = Command::new(script)
-                .args(["exec", "-v", "a", "--", &format!("kill {pid}")])
-                .output();
-            bail!("ours: {}", tail(&ours));
+        let (ours, _) = run_bounded(&mut ours_cmd, OURS_TIMEOUT)?;
+        if !ours.status.success() {
+            lab.kill(&job);
         }
-        if !rxe.status.success() || !r.contains(&c.rxe_ok) {
-            bail!("rxe: {}", tail(&rxe));
-        }
-        check_result_lines(c, &o, &r)?;
+        (ours, lab.wait(&job, RXE_TIMEOUT)?)
     } else {
-        let mut child = Command::new("timeout")
-            .arg("150")
-            .arg(script)
-            .arg("ns")
-            .arg(bin)
-            .args(&c.ours)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()?;
+        let ours = Bounded::spawn(&mut ours_cmd)?;
         std::thread::sleep(Duration::from_millis(1500));
-        let rxe = Command::new(script)
-            .args(["exec", "-v", "a", "-t", "120", "--"])
-            .args(c.rxe.split_whitespace())
-            .output()?;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if child.try_wait()?.is_some() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = child.kill();
-        let ours = child.wait_with_output()?;
-        let (o, r) = (
-            String::from_utf8_lossy(&ours.stdout),
-            String::from_utf8_lossy(&rxe.stdout),
-        );
-        if !rxe.status.success() || !r.contains(&c.rxe_ok) {
-            bail!("rxe: {}", tail(&rxe));
-        }
-        if !ours.status.success() || !o.contains(&c.ours_ok) {
-            bail!("ours: {}", tail(&ours));
-        }
-        check_result_lines(c, &o, &r)?;
+        let rxe = lab.exec(VmId::A, &c.rxe, RXE_TIMEOUT)?;
+        (ours.wait(Duration::from_secs(30))?.0, rxe)
+    };
+    let o = String::from_utf8_lossy(&ours.stdout);
+    let ours_ok = ours.status.success() && o.contains(&c.ours_ok);
+    let rxe_ok = rxe.success() && rxe.stdout.contains(&c.rxe_ok);
+    // The side that failed first is the one to name: a server waits for
+    // its client, so when both fail the client's error comes first.
+    match (ours_ok, rxe_ok, c.rxe_server) {
+        (false, _, true) | (false, true, false) => bail!("ours: {}", tail(&ours)),
+        (_, false, _) => bail!("rxe: {}", guest_tail(&rxe)),
+        _ => {}
     }
-    Ok(())
+    check_result_lines(c, &o, &rxe.stdout)
+}
+
+/// The last meaningful line a guest command printed (stderr first).
+pub(crate) fn guest_tail(o: &GuestOutput) -> String {
+    let last = o
+        .stderr
+        .lines()
+        .chain(o.stdout.lines())
+        .rfind(|l| !l.trim().is_empty())
+        .unwrap_or("failed")
+        .trim()
+        .to_string();
+    if o.timed_out {
+        format!("timed out ({last})")
+    } else {
+        format!("{last} (exit {})", o.code)
+    }
 }
 
 /// Counts our RoCEv2 packets in a capture and fails on any malformed packet
@@ -753,7 +752,7 @@ pub(crate) fn tail(o: &std::process::Output) -> String {
     let out = String::from_utf8_lossy(&o.stdout);
     err.lines()
         .chain(out.lines())
-        .rfind(|l| !l.trim().is_empty() && !l.contains("[rxe-peer]"))
+        .rfind(|l| !l.trim().is_empty())
         .unwrap_or("failed")
         .trim()
         .to_string()

@@ -12,9 +12,11 @@ mod bench;
 mod demo;
 mod interop;
 mod lab;
+mod pair;
 mod setup;
 mod soak;
 mod test;
+mod vm;
 
 use std::path::{Path, PathBuf};
 
@@ -59,6 +61,12 @@ enum Cmd {
         /// Run only the cases whose name contains this.
         #[arg(long)]
         only: Option<String>,
+        /// The reference instead: perftest between two rxe VMs.
+        #[arg(long, conflicts_with = "quick")]
+        rxe_pair: bool,
+        /// Write a capture of each case (on the VM bridge) into this directory.
+        #[arg(long, value_name = "DIR")]
+        capture: Option<std::path::PathBuf>,
     },
     /// perftest-style benchmarks, same-link baselines and the engine
     /// microbenchmark on a veth pair; writes target/bench/results.json.
@@ -85,11 +93,36 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// The rxe VMs by hand: build the image, boot, run commands, stop.
+    Vm {
+        #[command(subcommand)]
+        cmd: VmCmd,
+    },
     /// Check (and with --install, install) the prerequisites.
     Setup {
         #[arg(long)]
         install: bool,
     },
+}
+
+#[derive(Subcommand)]
+enum VmCmd {
+    /// Build the image (or check the cache) and print its versions.
+    Image,
+    /// Boot VMs (default a) that stay up after this command.
+    Start { vms: Vec<String> },
+    /// Run a shell command in a running VM.
+    Exec {
+        #[arg(short, long, default_value = "a")]
+        vm: String,
+        /// Seconds before the command's process group is killed.
+        #[arg(short, long, default_value_t = 60)]
+        timeout: u64,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        cmd: Vec<String>,
+    },
+    /// Stop every VM and remove the namespace.
+    Stop,
 }
 
 pub(crate) fn root() -> PathBuf {
@@ -108,10 +141,29 @@ fn main() {
             quick,
             keep_vm,
             only,
-        } => prereqs(true, false).and_then(|_| interop(quick, keep_vm, only.as_deref())),
+            rxe_pair,
+            capture,
+        } => prereqs(true, true).and_then(|_| {
+            if rxe_pair {
+                pair::rxe_pair(only.as_deref(), keep_vm)
+            } else {
+                interop(&interop::Options {
+                    quick,
+                    keep_vm,
+                    only: only.as_deref(),
+                    capture_dir: capture,
+                })
+            }
+        }),
         Cmd::Bench { quick } => prereqs(true, false).and_then(|_| bench(quick)),
         Cmd::Soak { ops, seed } => prereqs(true, false).and_then(|_| soak(ops, seed)),
         Cmd::Run { release, args } => prereqs(false, false).and_then(|_| run(release, &args)),
+        Cmd::Vm { cmd } => match cmd {
+            VmCmd::Image => vm::image_cmd(),
+            VmCmd::Start { vms } => vm::start(&vms),
+            VmCmd::Exec { vm, timeout, cmd } => vm::exec(&vm, timeout, &cmd),
+            VmCmd::Stop => vm::stop(),
+        },
         Cmd::Setup { install } => prereqs(install, install),
     };
     if let Err(e) = r {

@@ -21,5 +21,10 @@ pub(crate) fn test(args: &[String]) -> Result<()> {
     // rc_pingpong both roles at 64 B and 4 KiB, perftest send_lat and
     // read_bw); `cargo xtask interop` runs the whole matrix.
     println!("interop with Linux rxe (quick subset)");
-    interop(true, false, None)
+    interop(&Options {
+        quick: true,
+        keep_vm: false,
+        only: None,
+        capture_dir: None,
+    })
 }
