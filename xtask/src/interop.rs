@@ -97,6 +97,18 @@ pub(crate) struct Options<'a> {
 /// progress, and says how long the image and the boot took.
 pub(crate) fn boot(vms: &[VmId], keep: bool) -> Result<(Lab, String)> {
     let settings = Settings::from_env()?;
+    if !keep {
+        // Ctrl-C: the VMs (same process group) get it too, but our side runs
+        // in process groups of its own and the namespace would stay.
+        let s = settings.clone();
+        ctrlc::set_handler(move || {
+            eprintln!("interrupted: stopping the VMs and removing namespace {NETNS}");
+            rxevm::interrupted(&s);
+            netns_del(RELAY_NS);
+            std::process::exit(130);
+        })
+        .context("install the Ctrl-C handler")?;
+    }
     let t0 = Instant::now();
     let image = crate::vm::image(&settings)?;
     let prepared = t0.elapsed();
@@ -116,7 +128,7 @@ pub(crate) fn boot(vms: &[VmId], keep: bool) -> Result<(Lab, String)> {
 }
 
 /// One capture per case when asked for (removed again on drop).
-fn case_capture(lab: &Lab, dir: Option<&Path>, name: &str) -> Option<rxevm::Capture> {
+pub(crate) fn case_capture(lab: &Lab, dir: Option<&Path>, name: &str) -> Option<rxevm::Capture> {
     let dir = dir?;
     let file: String = name
         .chars()

@@ -4,9 +4,12 @@
 //!   demo on a veth pair between two network namespaces, checking its results.
 //! - `cargo xtask test`: install what is missing (tshark too), run every test.
 //! - `cargo xtask run -- ARGS`: build and run the `rdma-xdp` binary.
+//! - `cargo xtask interop [--rxe-pair]`, `cargo xtask vm ...`: against Linux
+//!   rxe in VMs of the project's own (`rxevm`, beside this crate).
 //!
-//! One module per command (demo, test, interop, bench, soak, setup) and the
-//! shared lab helpers (`lab`).
+//! One module per command (demo, test, interop, pair, vm, bench, soak,
+//! setup) and the shared lab helpers (`lab`); the namespaces come from
+//! `netlab`, the rxe VMs from `rxevm`.
 
 mod bench;
 mod demo;
@@ -145,7 +148,7 @@ fn main() {
             capture,
         } => prereqs(true, true).and_then(|_| {
             if rxe_pair {
-                pair::rxe_pair(only.as_deref(), keep_vm)
+                pair::rxe_pair(only.as_deref(), keep_vm, capture.as_deref())
             } else {
                 interop(&interop::Options {
                     quick,

@@ -2,12 +2,13 @@
 //! VMs, the reference for "is this rxe or us?" and for comparing our
 //! numbers with rxe's own on the same emulated hardware.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use rxevm::VmId;
 
-use crate::interop::{boot, guest_tail, perf_matrix, result_iters, CounterWatch};
+use crate::interop::{boot, case_capture, guest_tail, perf_matrix, result_iters, CounterWatch};
 
 /// One perftest test: server in VM a, client in VM b.
 struct PairCase {
@@ -48,8 +49,8 @@ fn cases() -> Vec<PairCase> {
     v
 }
 
-/// The client's headline number: t_typical for latency, BW average for
-/// bandwidth (perftest's column order).
+/// The client's headline numbers: t_typical for latency, BW average and
+/// message rate for bandwidth (perftest's column order).
 fn headline(out: &str, bytes: usize, lat: bool) -> String {
     out.lines()
         .find(|l| l.split_whitespace().next() == Some(&bytes.to_string()))
@@ -58,13 +59,17 @@ fn headline(out: &str, bytes: usize, lat: bool) -> String {
             if lat {
                 Some(format!("t_typical {} usec", f.get(4)?))
             } else {
-                Some(format!("BW average {} MB/sec", f.get(3)?))
+                Some(format!(
+                    "BW average {} MB/sec, {} Mpps",
+                    f.get(3)?,
+                    f.get(4)?
+                ))
             }
         })
         .unwrap_or_default()
 }
 
-pub(crate) fn rxe_pair(only: Option<&str>, keep: bool) -> Result<()> {
+pub(crate) fn rxe_pair(only: Option<&str>, keep: bool, capture_dir: Option<&Path>) -> Result<()> {
     let t0 = Instant::now();
     let (lab, booted) = boot(&[VmId::A, VmId::B], keep)?;
     println!("rxe VMs: {booted}");
@@ -74,6 +79,7 @@ pub(crate) fn rxe_pair(only: Option<&str>, keep: bool) -> Result<()> {
         .iter()
         .filter(|c| only.is_none_or(|o| c.name.contains(o)))
     {
+        let cap = case_capture(&lab, capture_dir, &c.name);
         watch.case_start();
         let start = Instant::now();
         let r = (|| -> Result<String> {
@@ -102,6 +108,7 @@ pub(crate) fn rxe_pair(only: Option<&str>, keep: bool) -> Result<()> {
             Ok(headline(&client.stdout, c.bytes, c.name.contains("_lat")))
         })();
         let secs = start.elapsed().as_secs_f64();
+        drop(cap);
         let note = watch.case_end(&c.name);
         match &r {
             Ok(h) => println!("PASS  {:<55} {secs:>6.1} s  {h}{note}", c.name),
@@ -134,7 +141,10 @@ mod tests {
         let lat = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]\n 2       20          1021.50        4000.10      1100.25        1200.0\n";
         assert_eq!(headline(lat, 2, true), "t_typical 1100.25 usec");
         let bw = " 5000       20             12.34              11.50                0.002412\n";
-        assert_eq!(headline(bw, 5000, false), "BW average 11.50 MB/sec");
+        assert_eq!(
+            headline(bw, 5000, false),
+            "BW average 11.50 MB/sec, 0.002412 Mpps"
+        );
         assert_eq!(headline(bw, 64, false), "");
     }
 

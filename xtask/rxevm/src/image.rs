@@ -669,8 +669,13 @@ pub fn prepare(s: &Settings, log: &dyn Fn(&str)) -> Result<Image> {
         relink_absolute(&qroot)?;
         fs::write(qroot.join(".stamp"), &qstamp).map_err(io_err("write the QEMU stamp"))?;
     }
+    // The libraries of the two programs we run (the emulator and the
+    // guest agent); the other packages hold firmware and modules.
     let mut libs: Vec<String> = Vec::new();
-    for d in [&qdebs[0], &qdebs[4]] {
+    for (pkg, d) in QEMU_PKGS.iter().zip(&qdebs) {
+        if !matches!(*pkg, "qemu-system-x86" | "qemu-guest-agent") {
+            continue;
+        }
         libs.extend(
             depends(d)?
                 .into_iter()

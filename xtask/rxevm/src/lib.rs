@@ -27,7 +27,15 @@ use std::time::Duration;
 pub use agent::{Agent, GuestOutput};
 pub use image::Image;
 pub use lab::{stop_all, Capture, GuestJob, Lab};
-pub use proc::{run_bounded, Bounded};
+pub use proc::{run_bounded, stop_running, Bounded};
+
+/// For an interrupt (Ctrl-C) handler, where no destructor runs: kills the
+/// running host commands' process groups, then every VM and capture of the
+/// run directory, and deletes the namespace.
+pub fn interrupted(settings: &Settings) {
+    stop_running();
+    stop_all(settings);
+}
 
 /// What went wrong, in one line a user can act on.
 #[derive(Debug)]

@@ -4,6 +4,7 @@
 use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::{io_err, Result};
@@ -14,6 +15,25 @@ pub(crate) fn kill_group(pgid: u32, sig: &str) {
         .args([&format!("-{sig}"), "--", &format!("-{pgid}")])
         .stderr(Stdio::null())
         .status();
+}
+
+/// Process groups of the running [`Bounded`] commands, for
+/// [`stop_running`] on an interrupt.
+static RUNNING: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+fn forget(pgid: u32) {
+    if let Ok(mut v) = RUNNING.lock() {
+        v.retain(|&p| p != pgid);
+    }
+}
+
+/// Kills every running [`Bounded`] command's process group: for an
+/// interrupt handler, where no destructor will run.
+pub fn stop_running() {
+    let groups = RUNNING.lock().map(|v| v.clone()).unwrap_or_default();
+    for g in groups {
+        kill_group(g, "KILL");
+    }
 }
 
 /// A running host command in its own process group, with its output
@@ -33,6 +53,9 @@ impl Bounded {
             .stderr(Stdio::piped())
             .spawn()
             .map_err(io_err(format!("start {:?}", cmd.get_program())))?;
+        if let Ok(mut v) = RUNNING.lock() {
+            v.push(child.id());
+        }
         let drain = |mut r: Box<dyn Read + Send>| {
             std::thread::spawn(move || {
                 let mut v = Vec::new();
@@ -72,6 +95,7 @@ impl Bounded {
         }
         let mut child = self.child.take().expect("child present until waited");
         let status = child.wait().map_err(io_err("wait for a command"))?;
+        forget(child.id());
         let join = |h: Option<std::thread::JoinHandle<Vec<u8>>>| {
             h.map(|h| h.join().unwrap_or_default()).unwrap_or_default()
         };
@@ -98,6 +122,7 @@ impl Bounded {
         }
         kill_group(pgid, "KILL");
         let _ = c.wait();
+        forget(pgid);
     }
 }
 
