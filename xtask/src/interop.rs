@@ -302,16 +302,20 @@ pub(crate) fn interop(o: &Options) -> Result<()> {
         ),
     }
     results.push(tshark.is_ok());
+    summary("interop", &results, &booted, t0)
+}
+
+/// The closing line of a run; an error if any case failed.
+pub(crate) fn summary(what: &str, results: &[bool], booted: &str, t0: Instant) -> Result<()> {
     let passed = results.iter().filter(|&&x| x).count();
     println!(
-        "interop: {} passed, {} failed ({} cases; {booted}; total {:.0} s)",
-        passed,
+        "{what}: {passed} passed, {} failed ({} cases; {booted}; total {:.0} s)",
         results.len() - passed,
         results.len(),
         t0.elapsed().as_secs_f64()
     );
     if passed != results.len() {
-        bail!("interop failures");
+        bail!("{what} failures");
     }
     Ok(())
 }

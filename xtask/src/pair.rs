@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use rxevm::VmId;
 
-use crate::interop::{boot, case_capture, guest_tail, perf_matrix, result_iters, CounterWatch};
+use crate::interop::{
+    boot, case_capture, guest_tail, perf_matrix, result_iters, summary, CounterWatch,
+};
 
 /// One perftest test: server in VM a, client in VM b.
 struct PairCase {
@@ -119,17 +121,7 @@ pub(crate) fn rxe_pair(only: Option<&str>, keep: bool, capture_dir: Option<&Path
     let (ok, line) = watch.verdict();
     println!("{line}");
     results.push(ok);
-    let passed = results.iter().filter(|&&x| x).count();
-    println!(
-        "rxe pair: {passed} passed, {} failed ({} cases; {booted}; total {:.0} s)",
-        results.len() - passed,
-        results.len(),
-        t0.elapsed().as_secs_f64()
-    );
-    if passed != results.len() {
-        bail!("rxe pair failures");
-    }
-    Ok(())
+    summary("rxe pair", &results, &booted, t0)
 }
 
 #[cfg(test)]
