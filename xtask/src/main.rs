@@ -96,6 +96,11 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Build the drop-in libibverbs.so.1 (and its aliases); prints its directory.
+    Verbs {
+        #[arg(long)]
+        release: bool,
+    },
     /// The rxe VMs by hand: build the image, boot, run commands, stop.
     Vm {
         #[command(subcommand)]
@@ -161,6 +166,9 @@ fn main() {
         Cmd::Bench { quick } => prereqs(true, false).and_then(|_| bench(quick)),
         Cmd::Soak { ops, seed } => prereqs(true, false).and_then(|_| soak(ops, seed)),
         Cmd::Run { release, args } => prereqs(false, false).and_then(|_| run(release, &args)),
+        Cmd::Verbs { release } => ibverbs_so::build(&root(), release)
+            .map(|d| println!("{}", d.display()))
+            .map_err(anyhow::Error::from),
         Cmd::Vm { cmd } => match cmd {
             VmCmd::Image => vm::image_cmd(),
             VmCmd::Start { vms } => vm::start(&vms),

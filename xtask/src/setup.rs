@@ -84,6 +84,13 @@ pub(crate) fn prereqs(install: bool, for_tests: bool) -> Result<()> {
     if for_tests && have("ping", &["-V"]).is_none() {
         debs.push("iputils-ping");
     }
+    // The drop-in libibverbs is tested against Debian's own binaries.
+    if for_tests && have("sh", &["-c", "command -v ibv_devinfo"]).is_none() {
+        debs.push("ibverbs-utils");
+    }
+    if for_tests && have("objdump", &["--version"]).is_none() {
+        debs.push("binutils");
+    }
     if !debs.is_empty() {
         let list = debs.join(" ");
         missing.push((

@@ -5,4 +5,5 @@
 //! runs per packet.
 
 pub mod daemon;
+pub mod links;
 pub mod proto;

@@ -7,6 +7,7 @@ mod control;
 mod decode;
 mod testing;
 mod tools;
+mod verbs;
 
 use std::path::PathBuf;
 
@@ -74,6 +75,15 @@ enum Cmd {
     /// and atomic result is checked; exits non-zero on any loss, duplicate
     /// or corruption.
     Soak(SoakArgs),
+    /// Verbs devices: which interfaces programs see (`rdma link` style).
+    #[command(subcommand)]
+    Link(verbs::LinkCmd),
+    /// Run an unmodified verbs program (ibv_*, perftest) over our
+    /// libibverbs: `rdma-xdp exec [--iface IF] -- PROGRAM ARGS...`.
+    Exec {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        program: Vec<String>,
+    },
     /// Flood a victim QP with seeded hostile packets (test tool).
     #[command(hide = true)]
     Hostile(HostileArgs),
@@ -162,6 +172,8 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Pingpong(p) => tools::pingpong(p),
         Cmd::Relay(r) => tools::relay(r, &g),
         Cmd::Soak(a) => tools::soak(a, g.json_file),
+        Cmd::Link(l) => verbs::link(l, &g),
+        Cmd::Exec { program } => verbs::exec(&program, &g),
         Cmd::Hostile(h) => testing::hostile(h),
         Cmd::Inject(i) => testing::inject(&i.dev, &i.frames),
         Cmd::VerbsDemo(v) => testing::verbs_demo(&v.a, &v.b),

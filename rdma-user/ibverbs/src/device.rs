@@ -1,0 +1,554 @@
+//! Devices and contexts: the device list, `ibv_open_device`, and the
+//! device, port and GID queries, answered as rxe answers them for the same
+//! interface (transport InfiniBand, link layer Ethernet, RoCE v2 GIDs).
+
+use std::collections::HashSet;
+use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::mem::{offset_of, size_of};
+use std::net::IpAddr;
+use std::ptr;
+use std::sync::Mutex;
+
+use rdma_user::control::links::{self, Link};
+use rdma_user::io::hostnet::{iface_addrs, iface_mac};
+
+use crate::ffi::*;
+use crate::{guard, set_errno};
+
+/// rxe's vendor id: perftest takes its generic (non-mlx5, non-EFA) path.
+pub const VENDOR_ID: u32 = 0xff_ffff;
+/// GID table length, as rxe's (`RXE_PORT_GID_TBL_LEN`).
+pub const GID_TBL_LEN: c_int = 1024;
+/// rxe's header allowance: the IB MTU is the largest that fits in the
+/// netdev MTU minus this (`RXE_MAX_HDR_LENGTH`).
+const MAX_HDR_LENGTH: u32 = 80;
+
+/// A device: rdma-core's struct first, so that the `*mut ibv_device` the
+/// program holds is a `*mut Device`.
+#[repr(C)]
+pub struct Device {
+    dev: ibv_device,
+    link: Link,
+}
+
+/// Devices live for the process (rdma-core's may outlive their list while a
+/// context uses them); one per link name, reused by later lists.
+static DEVICES: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
+fn copy_cstr(dst: &mut [c_char], s: &str) {
+    let room = dst.len() - 1;
+    for (d, b) in dst.iter_mut().zip(s.bytes().take(room)) {
+        *d = b as c_char;
+    }
+}
+
+fn device_for(link: &Link) -> *mut Device {
+    let mut devs = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
+    for &d in devs.iter() {
+        // SAFETY: every address in DEVICES is a leaked Box<Device>.
+        let dev = unsafe { &*(d as *const Device) };
+        if dev.link == *link {
+            return d as *mut Device;
+        }
+    }
+    let mut dev = Box::new(Device {
+        dev: ibv_device::default(),
+        link: link.clone(),
+    });
+    dev.dev.node_type = IBV_NODE_CA;
+    dev.dev.transport_type = IBV_TRANSPORT_IB;
+    copy_cstr(&mut dev.dev.name, &link.name);
+    copy_cstr(&mut dev.dev.dev_name, &format!("uverbs-{}", link.name));
+    copy_cstr(
+        &mut dev.dev.dev_path,
+        &format!("/sys/class/infiniband_verbs/uverbs-{}", link.name),
+    );
+    copy_cstr(
+        &mut dev.dev.ibdev_path,
+        &format!("/sys/class/infiniband/{}", link.name),
+    );
+    let p = Box::into_raw(dev);
+    devs.push(p as usize);
+    p
+}
+
+/// rdma-core's node GUID for a MAC: the EUI-64 (as rxe's).
+fn eui64(mac: [u8; 6]) -> [u8; 8] {
+    [
+        mac[0] ^ 2,
+        mac[1],
+        mac[2],
+        0xff,
+        0xfe,
+        mac[3],
+        mac[4],
+        mac[5],
+    ]
+}
+
+/// # Safety
+/// `num` is NULL or points to an int.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_list(num: *mut c_int) -> *mut *mut ibv_device {
+    guard(ptr::null_mut(), || {
+        let links = match links::effective() {
+            Ok(l) => l,
+            Err(_) => {
+                set_errno(libc::EIO);
+                return ptr::null_mut();
+            }
+        };
+        let mut list: Vec<*mut ibv_device> = links
+            .iter()
+            .map(|l| device_for(l) as *mut ibv_device)
+            .collect();
+        if !num.is_null() {
+            // SAFETY: the caller passes NULL or a valid int.
+            unsafe { *num = list.len() as c_int };
+        }
+        list.push(ptr::null_mut());
+        Box::into_raw(list.into_boxed_slice()) as *mut *mut ibv_device
+    })
+}
+
+/// # Safety
+/// `list` came from `ibv_get_device_list` and is freed once.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
+    if list.is_null() {
+        return;
+    }
+    let mut n = 0;
+    // SAFETY: the list is NULL-terminated (we built it so).
+    while !unsafe { *list.add(n) }.is_null() {
+        n += 1;
+    }
+    // SAFETY: it was a boxed slice of n+1 pointers.
+    drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(list, n + 1)) });
+}
+
+/// Our device behind a program's pointer, if it is one of ours.
+fn our_device(d: *mut ibv_device) -> Option<&'static Device> {
+    let devs = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
+    // SAFETY: addresses in DEVICES are leaked Box<Device>, never freed.
+    devs.contains(&(d as usize))
+        .then(|| unsafe { &*(d as *const Device) })
+}
+
+/// # Safety
+/// `device` is NULL or a device pointer.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_name(device: *mut ibv_device) -> *const c_char {
+    match our_device(device) {
+        Some(d) => d.dev.name.as_ptr(),
+        None => {
+            set_errno(libc::EINVAL);
+            ptr::null()
+        }
+    }
+}
+
+/// # Safety
+/// `device` is NULL or a device pointer.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_guid(device: *mut ibv_device) -> __be64 {
+    let Some(d) = our_device(device) else {
+        set_errno(libc::EINVAL);
+        return 0;
+    };
+    iface_mac(&d.link.netdev)
+        .map(|m| u64::from_ne_bytes(eui64(m)))
+        .unwrap_or(0)
+}
+
+/// An open device: rdma-core's `verbs_context` (which ends with the
+/// `ibv_context` the program holds) first, then ours.
+#[repr(C)]
+pub struct Context {
+    vctx: verbs_context,
+    dev: &'static Device,
+}
+
+static CONTEXTS: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
+
+/// Our context behind a program's `ibv_context`, if it is a live one.
+pub(crate) fn our_context(ctx: *mut ibv_context) -> Option<&'static Context> {
+    if ctx.is_null() {
+        return None;
+    }
+    let c = (ctx as usize).wrapping_sub(offset_of!(verbs_context, context));
+    let live = CONTEXTS.lock().unwrap_or_else(|e| e.into_inner());
+    // SAFETY: the address is in the live set, so it is a Box<Context> we
+    // have not freed yet.
+    live.as_ref()?
+        .contains(&c)
+        .then(|| unsafe { &*(c as *const Context) })
+}
+
+/// # Safety
+/// `device` is NULL or a device pointer.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
+    guard(ptr::null_mut(), || {
+        let Some(dev) = our_device(device) else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        if iface_mac(&dev.link.netdev).is_err() {
+            set_errno(libc::ENODEV);
+            return ptr::null_mut();
+        }
+        let mut c = Box::new(Context {
+            vctx: verbs_context::default(),
+            dev,
+        });
+        c.vctx.sz = size_of::<verbs_context>();
+        c.vctx.query_port = Some(query_port_ex);
+        let ctx = &mut c.vctx.context;
+        ctx.device = device;
+        ctx.cmd_fd = -1;
+        ctx.async_fd = -1;
+        ctx.num_comp_vectors = 1;
+        // verbs_get_ctx() takes the extended layout only with this marker.
+        ctx.abi_compat = usize::MAX as *mut c_void;
+        let p = Box::into_raw(c);
+        CONTEXTS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(HashSet::new)
+            .insert(p as usize);
+        // SAFETY: p is the Box we just leaked.
+        unsafe { ptr::addr_of_mut!((*p).vctx.context) }
+    })
+}
+
+/// # Safety
+/// `context` is NULL or a context pointer.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
+    let Some(c) = our_context(context) else {
+        return libc::EINVAL;
+    };
+    let p = c as *const Context as usize;
+    if let Some(live) = CONTEXTS.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+        live.remove(&p);
+    }
+    // SAFETY: it was live, so it is a leaked Box<Context>, freed once (just
+    // removed from the live set).
+    drop(unsafe { Box::from_raw(p as *mut Context) });
+    0
+}
+
+/// # Safety
+/// `context` is a context; `attr` points to an `ibv_device_attr`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_device(
+    context: *mut ibv_context,
+    attr: *mut ibv_device_attr,
+) -> c_int {
+    let Some(c) = our_context(context) else {
+        return libc::EINVAL;
+    };
+    if attr.is_null() {
+        return libc::EINVAL;
+    }
+    let mut a = ibv_device_attr::default();
+    copy_cstr(&mut a.fw_ver, env!("CARGO_PKG_VERSION"));
+    let guid = iface_mac(&c.dev.link.netdev).map(eui64).unwrap_or_default();
+    a.node_guid = u64::from_ne_bytes(guid);
+    a.sys_image_guid = a.node_guid;
+    a.max_mr_size = u64::MAX;
+    a.page_size_cap = 0xffff_f000;
+    a.vendor_id = VENDOR_ID;
+    a.max_qp = 1024;
+    a.max_qp_wr = 16384;
+    a.device_cap_flags = IBV_DEVICE_BAD_PKEY_CNTR
+        | IBV_DEVICE_BAD_QKEY_CNTR
+        | IBV_DEVICE_RC_RNR_NAK_GEN
+        | IBV_DEVICE_PORT_ACTIVE_EVENT
+        | IBV_DEVICE_SYS_IMAGE_GUID;
+    a.max_sge = 32;
+    a.max_sge_rd = 32;
+    a.max_cq = 16384;
+    a.max_cqe = 32767;
+    a.max_mr = 0x40000;
+    a.max_pd = 0x7ff0;
+    a.max_qp_rd_atom = 128;
+    a.max_res_rd_atom = 0x3f80;
+    a.max_qp_init_rd_atom = 128;
+    a.atomic_cap = IBV_ATOMIC_HCA;
+    a.max_ah = 0x3ffe;
+    a.max_pkeys = 1;
+    a.local_ca_ack_delay = 15;
+    a.phys_port_cnt = 1;
+    // SAFETY: the caller's struct is an ibv_device_attr (this symbol's ABI).
+    unsafe { attr.write(a) };
+    0
+}
+
+/// The IB MTU rxe gives a netdev MTU.
+pub fn active_mtu(netdev_mtu: u32) -> ibv_mtu {
+    let room = netdev_mtu.saturating_sub(MAX_HDR_LENGTH);
+    match room {
+        4096.. => IBV_MTU_4096,
+        2048.. => IBV_MTU_2048,
+        1024.. => IBV_MTU_1024,
+        512.. => IBV_MTU_512,
+        _ => IBV_MTU_256,
+    }
+}
+
+fn port_attr(dev: &Device) -> ibv_port_attr {
+    let sys = |a: &str| {
+        std::fs::read_to_string(format!("/sys/class/net/{}/{a}", dev.link.netdev))
+            .unwrap_or_default()
+    };
+    let mtu: u32 = sys("mtu").trim().parse().unwrap_or(1500);
+    let up = matches!(sys("operstate").trim(), "up" | "unknown");
+    let mut a = ibv_port_attr {
+        state: if up { IBV_PORT_ACTIVE } else { IBV_PORT_DOWN },
+        max_mtu: IBV_MTU_4096,
+        active_mtu: active_mtu(mtu),
+        gid_tbl_len: GID_TBL_LEN,
+        port_cap_flags: IBV_PORT_CM_SUP,
+        max_msg_sz: 1 << 31,
+        pkey_tbl_len: 1,
+        max_vl_num: 1,
+        active_width: 1,
+        active_speed: 1,
+        ..Default::default()
+    };
+    // phys_state: 5 LinkUp, 3 Disabled.
+    a.phys_state = if up { 5 } else { 3 };
+    a.link_layer = IBV_LINK_LAYER_ETHERNET as u8;
+    a
+}
+
+/// `verbs_context.query_port`: writes no more than the caller's size.
+unsafe extern "C" fn query_port_ex(
+    context: *mut ibv_context,
+    port: u8,
+    attr: *mut ibv_port_attr,
+    len: usize,
+) -> c_int {
+    let Some(c) = our_context(context) else {
+        return libc::EINVAL;
+    };
+    if port != 1 {
+        return libc::EINVAL;
+    }
+    if attr.is_null() {
+        return libc::EINVAL;
+    }
+    let a = port_attr(c.dev);
+    let n = len.min(size_of::<ibv_port_attr>());
+    // SAFETY: the caller's buffer holds `len` bytes; we copy at most that.
+    unsafe {
+        ptr::copy_nonoverlapping(&a as *const ibv_port_attr as *const u8, attr as *mut u8, n)
+    };
+    0
+}
+
+/// rdma-core 1.1's `ibv_query_port`: the old struct, which ends at
+/// `link_layer` plus a reserved byte.
+///
+/// # Safety
+/// `context` is a context; `attr` points to the old `ibv_port_attr`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_port(
+    context: *mut ibv_context,
+    port: u8,
+    attr: *mut ibv_port_attr,
+) -> c_int {
+    // SAFETY: forwarded with the compat size.
+    unsafe { query_port_ex(context, port, attr, offset_of!(ibv_port_attr, flags) + 1) }
+}
+
+/// The GID table: 0 the link-local GID from the MAC, then each IPv4
+/// address mapped (::ffff:a.b.c.d), then each global IPv6 address.
+pub fn gid_table(netdev: &str) -> Vec<[u8; 16]> {
+    let mut v = Vec::new();
+    if let Ok(mac) = iface_mac(netdev) {
+        let mut g = [0u8; 16];
+        g[0] = 0xfe;
+        g[1] = 0x80;
+        g[8..].copy_from_slice(&eui64(mac));
+        v.push(g);
+    }
+    let addrs = iface_addrs(netdev).unwrap_or_default();
+    for a in &addrs {
+        if let IpAddr::V4(a4) = a {
+            v.push(a4.to_ipv6_mapped().octets());
+        }
+    }
+    for a in &addrs {
+        if let IpAddr::V6(a6) = a {
+            v.push(a6.octets());
+        }
+    }
+    v
+}
+
+fn gid_at(context: *mut ibv_context, port: u8, index: c_int) -> Result<Option<[u8; 16]>, c_int> {
+    let c = our_context(context).ok_or(libc::EINVAL)?;
+    if port != 1 || !(0..GID_TBL_LEN).contains(&index) {
+        return Err(libc::EINVAL);
+    }
+    Ok(gid_table(&c.dev.link.netdev).get(index as usize).copied())
+}
+
+/// # Safety
+/// `context` is a context; `gid` points to a GID.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_gid(
+    context: *mut ibv_context,
+    port: u8,
+    index: c_int,
+    gid: *mut ibv_gid,
+) -> c_int {
+    if gid.is_null() {
+        return -1;
+    }
+    match gid_at(context, port, index) {
+        Ok(g) => {
+            // SAFETY: the caller's GID; a zero GID where the entry is empty
+            // (as rdma-core reads an empty sysfs entry).
+            unsafe { (*gid).raw = g.unwrap_or([0; 16]) };
+            0
+        }
+        Err(e) => {
+            set_errno(e);
+            -1
+        }
+    }
+}
+
+/// rdma-core's private `ibv_query_gid_type` (ibv_devinfo uses it): every
+/// GID is RoCE v2 (`IBV_GID_TYPE_SYSFS_ROCE_V2` = 1).
+///
+/// # Safety
+/// `context` is a context; `ty` points to an int.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_gid_type(
+    context: *mut ibv_context,
+    port: u8,
+    index: c_uint,
+    ty: *mut c_int,
+) -> c_int {
+    if ty.is_null() {
+        return libc::EINVAL;
+    }
+    match gid_at(context, port, index as c_int) {
+        Ok(_) => {
+            // SAFETY: the caller's int.
+            unsafe { *ty = 1 };
+            0
+        }
+        Err(e) => e,
+    }
+}
+
+/// `ibv_query_gid_ex`: ENODATA for an empty entry, as rdma-core.
+///
+/// # Safety
+/// `context` is a context; `entry` points to `entry_size` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn _ibv_query_gid_ex(
+    context: *mut ibv_context,
+    port: u32,
+    index: u32,
+    entry: *mut ibv_gid_entry,
+    flags: u32,
+    entry_size: usize,
+) -> c_int {
+    if entry.is_null()
+        || flags != 0
+        || entry_size < size_of::<ibv_gid_entry>()
+        || port > 255
+        || index > c_int::MAX as u32
+    {
+        return libc::EINVAL;
+    }
+    let c = match our_context(context) {
+        Some(c) => c,
+        None => return libc::EINVAL,
+    };
+    match gid_at(context, port as u8, index as c_int) {
+        Ok(Some(g)) => {
+            let ifindex =
+                std::fs::read_to_string(format!("/sys/class/net/{}/ifindex", c.dev.link.netdev))
+                    .ok()
+                    .and_then(|s| s.trim().parse().ok())
+                    .unwrap_or(0);
+            let e = ibv_gid_entry {
+                gid: ibv_gid { raw: g },
+                gid_index: index,
+                port_num: port,
+                gid_type: IBV_GID_TYPE_ROCE_V2,
+                ndev_ifindex: ifindex,
+            };
+            // SAFETY: the caller's entry is at least this big (checked).
+            unsafe { entry.write(e) };
+            0
+        }
+        Ok(None) => libc::ENODATA,
+        Err(e) => e,
+    }
+}
+
+/// rdma-core reads sysfs files of kernel devices; ours have none.
+///
+/// # Safety
+/// Pointers as rdma-core's.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_read_sysfs_file(
+    _dir: *const c_char,
+    _file: *const c_char,
+    _buf: *mut c_char,
+    _size: usize,
+) -> c_int {
+    set_errno(libc::ENOENT);
+    -1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mtu_and_guid_as_rxe() {
+        assert_eq!(active_mtu(1500), IBV_MTU_1024);
+        assert_eq!(active_mtu(9000), IBV_MTU_4096);
+        assert_eq!(active_mtu(4000), IBV_MTU_2048);
+        assert_eq!(active_mtu(576), IBV_MTU_256);
+        // rxe's node_guid for 52:54:00:99:00:02 is 5054:00ff:fe99:0002.
+        assert_eq!(
+            eui64([0x52, 0x54, 0, 0x99, 0, 2]),
+            [0x50, 0x54, 0, 0xff, 0xfe, 0x99, 0, 2]
+        );
+    }
+
+    #[test]
+    fn old_port_attr_ends_after_link_layer() {
+        // rdma-core's _compat_ibv_port_attr: up to link_layer and a
+        // reserved byte, 48 bytes.
+        assert_eq!(offset_of!(ibv_port_attr, flags) + 1, 48);
+    }
+
+    #[test]
+    fn bad_pointers_are_errors() {
+        // SAFETY: NULL and a foreign pointer are what is tested; none is
+        // dereferenced by the functions.
+        unsafe {
+            assert!(ibv_get_device_name(ptr::null_mut()).is_null());
+            assert_eq!(ibv_close_device(ptr::null_mut()), libc::EINVAL);
+            let mut x = 0u64;
+            assert_eq!(
+                ibv_close_device(&mut x as *mut u64 as *mut ibv_context),
+                libc::EINVAL
+            );
+            assert!(ibv_open_device(&mut x as *mut u64 as *mut ibv_device).is_null());
+            ibv_free_device_list(ptr::null_mut());
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! The drop-in libibverbs against unmodified Debian binaries (rdma-core 44's
+//! ibverbs-utils): its exports and symbol versions cover what they import,
+//! and ibv_devices / ibv_devinfo list and describe our devices as rxe's.
+
+mod lab;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// Builds libibverbs.so.1 once (beside rdma-xdp, where `exec` looks).
+fn library() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let ws = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .unwrap()
+            .to_path_buf();
+        ibverbs_so::build(&ws, false).expect("build libibverbs.so.1")
+    })
+}
+
+fn which(prog: &str) -> PathBuf {
+    let out = Command::new("sh")
+        .args(["-c", &format!("command -v {prog}")])
+        .output()
+        .unwrap();
+    let p = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        !p.is_empty(),
+        "{prog} is not installed (Debian's ibverbs-utils; `cargo xtask test` installs it)"
+    );
+    PathBuf::from(p)
+}
+
+/// (symbol, version) pairs of `objdump -T`: undefined ones (`imports`) or
+/// defined ones, for version nodes of libibverbs.
+fn dynsyms(file: &Path, imports: bool) -> BTreeSet<(String, String)> {
+    let out = Command::new("objdump")
+        .arg("-T")
+        .arg(file)
+        .output()
+        .expect("objdump (binutils)");
+    assert!(out.status.success(), "objdump -T {}", file.display());
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains("IBVERBS_"))
+        .filter(|l| l.contains("*UND*") == imports)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let name = f.last()?.to_string();
+            let ver = f
+                .get(f.len().checked_sub(2)?)?
+                .trim_matches(|c| c == '(' || c == ')')
+                .to_string();
+            (name != ver).then_some((name, ver))
+        })
+        .collect()
+}
+
+#[test]
+fn exports_cover_what_the_device_tools_import() {
+    let so = library().join("libibverbs.so.1");
+    let ours = dynsyms(&so, false);
+    for tool in ["ibv_devices", "ibv_devinfo"] {
+        let need = dynsyms(&which(tool), true);
+        assert!(!need.is_empty(), "{tool} imports nothing from libibverbs?");
+        let missing: Vec<_> = need.difference(&ours).collect();
+        assert!(missing.is_empty(), "{tool} needs {missing:?}");
+    }
+    let soname = Command::new("readelf").arg("-d").arg(&so).output().unwrap();
+    assert!(String::from_utf8_lossy(&soname.stdout).contains("Library soname: [libibverbs.so.1]"));
+    for alias in ["librdmacm.so.1", "libmlx5.so.1", "libefa.so.1"] {
+        assert_eq!(
+            std::fs::read_link(library().join(alias)).unwrap(),
+            Path::new("libibverbs.so.1")
+        );
+    }
+}
+
+fn exec(lab: &lab::Lab, i: usize, args: &[&str]) -> String {
+    let out = lab.exec(i, lab::BIN, args);
+    assert!(
+        out.status.success(),
+        "rdma-xdp {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn devices_ports_and_gids_as_rxe_reports_them() {
+    library();
+    let _g = lab::serial();
+    let lab = lab::Lab::new(1500);
+    let dev = &lab.dev[0];
+    let ip = &lab.addr[0];
+    let r = lab.exec(
+        0,
+        "ip",
+        &["-6", "addr", "add", "fd66::1/64", "dev", dev, "nodad"],
+    );
+    assert!(r.status.success());
+    // Nothing added: the default device of the interface.
+    let list = exec(&lab, 0, &["exec", "--", "ibv_devices"]);
+    let want = format!("xdp_{dev}");
+    assert!(list.contains(&want), "{list}");
+    let info = exec(&lab, 0, &["exec", "--", "ibv_devinfo", "-v"]);
+    for want in [
+        format!("hca_id:\txdp_{dev}"),
+        "transport:\t\t\tInfiniBand (0)".to_string(),
+        "vendor_id:\t\t\t0xffffff".to_string(),
+        "state:\t\t\tPORT_ACTIVE (4)".to_string(),
+        "active_mtu:\t\t1024 (3)".to_string(),
+        "link_layer:\t\tEthernet".to_string(),
+        "gid_tbl_len:\t\t1024".to_string(),
+        format!("GID[  1]:\t\t::ffff:{ip}, RoCE v2"),
+        "GID[  2]:\t\tfd66::1, RoCE v2".to_string(),
+    ] {
+        assert!(
+            info.contains(&want),
+            "ibv_devinfo -v lacks {want:?}:\n{info}"
+        );
+    }
+    // GID 0 is the EUI-64 link-local GID of the MAC.
+    let mac = String::from_utf8_lossy(
+        &lab.exec(0, "cat", &[&format!("/sys/class/net/{dev}/address")])
+            .stdout,
+    )
+    .trim()
+    .to_string();
+    let m: Vec<u8> = mac
+        .split(':')
+        .map(|h| u8::from_str_radix(h, 16).unwrap())
+        .collect();
+    let ll = format!(
+        "fe80::{:x}:{:x}:{:x}:{:x}",
+        u16::from_be_bytes([m[0] ^ 2, m[1]]),
+        u16::from_be_bytes([m[2], 0xff]),
+        u16::from_be_bytes([0xfe, m[3]]),
+        u16::from_be_bytes([m[4], m[5]])
+    );
+    assert!(
+        info.contains(&format!("GID[  0]:\t\t{ll}, RoCE v2")),
+        "no {ll} in:\n{info}"
+    );
+    // A named link replaces the default, as `rdma link add`.
+    exec(&lab, 0, &["link", "add", "rxe0", "netdev", dev]);
+    let shown = exec(&lab, 0, &["link", "show"]);
+    assert!(
+        shown.contains(&format!("link rxe0/1 state ACTIVE netdev {dev}")),
+        "{shown}"
+    );
+    let list = exec(&lab, 0, &["exec", "--", "ibv_devices"]);
+    assert!(list.contains("rxe0") && !list.contains(&want), "{list}");
+    let bad = lab.exec(0, lab::BIN, &["link", "add", "rxe0", "netdev", dev]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("already exists"));
+    let missing = lab.exec(
+        0,
+        "sh",
+        &["-c", &format!("{} exec -- ibv_devinfo -d nosuch", lab::BIN)],
+    );
+    assert!(!missing.status.success());
+    exec(&lab, 0, &["link", "del", "rxe0"]);
+    let list = exec(&lab, 0, &["exec", "--", "ibv_devices"]);
+    assert!(list.contains(&want), "{list}");
+}
