@@ -34,8 +34,12 @@ fn which(prog: &str) -> PathBuf {
     PathBuf::from(p)
 }
 
+/// The version nodes of the libraries our one object stands in for.
+const NODES: [&str; 4] = ["IBVERBS_", "MLX5_", "EFA_", "RDMACM_"];
+
 /// (symbol, version) pairs of `objdump -T`: undefined ones (`imports`) or
-/// defined ones, for version nodes of libibverbs.
+/// defined ones, for the version nodes of libibverbs and the libraries it
+/// stands in for.
 fn dynsyms(file: &Path, imports: bool) -> BTreeSet<(String, String)> {
     let out = Command::new("objdump")
         .arg("-T")
@@ -45,7 +49,7 @@ fn dynsyms(file: &Path, imports: bool) -> BTreeSet<(String, String)> {
     assert!(out.status.success(), "objdump -T {}", file.display());
     String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter(|l| l.contains("IBVERBS_"))
+        .filter(|l| NODES.iter().any(|n| l.contains(n)))
         .filter(|l| l.contains("*UND*") == imports)
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
@@ -59,11 +63,25 @@ fn dynsyms(file: &Path, imports: bool) -> BTreeSet<(String, String)> {
         .collect()
 }
 
+/// The Debian binaries that run over the library.
+const TOOLS: [&str; 10] = [
+    "ibv_devices",
+    "ibv_devinfo",
+    "ibv_rc_pingpong",
+    "ib_write_lat",
+    "ib_read_lat",
+    "ib_send_lat",
+    "ib_atomic_lat",
+    "ib_write_bw",
+    "ib_read_bw",
+    "ib_send_bw",
+];
+
 #[test]
-fn exports_cover_what_the_device_tools_import() {
+fn exports_cover_what_the_debian_binaries_import() {
     let so = library().join("libibverbs.so.1");
     let ours = dynsyms(&so, false);
-    for tool in ["ibv_devices", "ibv_devinfo"] {
+    for tool in TOOLS {
         let need = dynsyms(&which(tool), true);
         assert!(!need.is_empty(), "{tool} imports nothing from libibverbs?");
         let missing: Vec<_> = need.difference(&ours).collect();
@@ -166,4 +184,80 @@ fn devices_ports_and_gids_as_rxe_reports_them() {
     exec(&lab, 0, &["link", "del", "rxe0"]);
     let list = exec(&lab, 0, &["exec", "--", "ibv_devices"]);
     assert!(list.contains(&want), "{list}");
+}
+
+/// Runs `server` in host 1 and `client` (with host 1's address appended)
+/// in host 0, both through `rdma-xdp exec`; returns both outputs.
+fn pair(lab: &lab::Lab, server: &[&str], client: &[&str]) -> (String, String) {
+    let mut args = vec!["exec", "--"];
+    args.extend_from_slice(server);
+    let srv = lab.spawn(1, &args);
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let mut cargs = vec!["exec", "--"];
+    cargs.extend_from_slice(client);
+    cargs.push(&lab.addr[1]);
+    let cli = lab.exec(0, lab::BIN, &cargs);
+    let srv = lab::wait_timeout(srv, std::time::Duration::from_secs(60));
+    let (c, s) = (
+        String::from_utf8_lossy(&cli.stdout).into_owned(),
+        String::from_utf8_lossy(&srv.stdout).into_owned(),
+    );
+    assert!(
+        cli.status.success() && srv.status.success(),
+        "{client:?}: client {} / server {}\nclient: {c}{}\nserver: {s}{}",
+        cli.status,
+        srv.status,
+        String::from_utf8_lossy(&cli.stderr),
+        String::from_utf8_lossy(&srv.stderr)
+    );
+    (c, s)
+}
+
+#[test]
+fn unmodified_rc_pingpong_checks_its_data_over_the_library() {
+    library();
+    let _g = lab::serial();
+    let lab = lab::Lab::new(1500);
+    for args in [
+        &["-s", "64", "-n", "50"][..],
+        &["-s", "4096", "-n", "50"],
+        &["-s", "65536", "-n", "20"],
+        &["-s", "4096", "-n", "50", "-e"],
+    ] {
+        let mut a = vec!["ibv_rc_pingpong", "-g", "1", "-c"];
+        a.extend_from_slice(args);
+        let (c, s) = pair(&lab, &a, &a);
+        let n = args[3];
+        for out in [&c, &s] {
+            assert!(out.contains(&format!("{n} iters in")), "{args:?}: {out}");
+        }
+    }
+}
+
+#[test]
+fn unmodified_perftest_runs_over_the_library() {
+    library();
+    let _g = lab::serial();
+    let lab = lab::Lab::new(1500);
+    for (tool, size) in [
+        ("ib_write_lat", "2"),
+        ("ib_send_lat", "2"),
+        ("ib_read_lat", "2"),
+        ("ib_atomic_lat", ""),
+        ("ib_write_bw", "5000"),
+        ("ib_read_bw", "5000"),
+        ("ib_send_bw", "5000"),
+    ] {
+        let mut a = vec![tool, "-x", "1", "-n", "20"];
+        if !size.is_empty() {
+            a.extend_from_slice(&["-s", size]);
+        }
+        let (c, _s) = pair(&lab, &a, &a);
+        let bytes = if size.is_empty() { "8" } else { size };
+        let line = c
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(bytes))
+            .unwrap_or_else(|| panic!("{tool}: no result line for {bytes} B:\n{c}"));
+        assert_eq!(line.split_whitespace().nth(1), Some("20"), "{tool}: {line}");
+    }
 }

@@ -11,8 +11,10 @@
 //! rdma-core returns for bad arguments (NULL with errno, or an errno
 //! value); nothing here panics across the C boundary (`guard`).
 
+mod absent;
 mod device;
 pub mod ffi;
+mod verbs;
 
 pub use device::*;
 

@@ -16,7 +16,7 @@ pub type Result<T, E = DeviceError> = std::result::Result<T, E>;
 
 use crate::io::xsk::{SharedMem, Xsk};
 use crate::memory::{Access, Backing, MrTable};
-use crate::transport::{Nanos, QpAttr, QpCap, QpEngine, QpState, RecvWr, SendWr, Wc};
+use crate::transport::{Nanos, QpAttr, QpCap, QpEngine, QpState, RecvWr, SendWr, Wc, WcOpcode};
 use crate::wire::{
     ipv4_mapped_gid, udp_sport_for_qps, EthernetRepr, IpRepr, Ipv4Repr, Ipv6Repr, RoceRepr,
     TransportRepr, UdpRepr, WireError, ETH_P_IPV4, ETH_P_IPV6, ICRC_LEN, IPPROTO_UDP,
@@ -132,9 +132,21 @@ impl CqRing {
 
 struct QpSlot {
     qp: QpEngine,
+    /// Send completions go here, receive completions to `recv_cq`.
     cq: u32,
+    recv_cq: u32,
     net: Option<RoceRepr>,
     path: Option<Path>,
+}
+
+impl QpSlot {
+    /// The CQ a completion goes to: receives to the receive CQ.
+    fn cq_for(&self, wc: &Wc) -> u32 {
+        match wc.opcode {
+            WcOpcode::Recv | WcOpcode::RecvRdmaWithImm => self.recv_cq,
+            _ => self.cq,
+        }
+    }
 }
 
 /// Counters of the userspace receive path, one per drop reason.
@@ -331,6 +343,42 @@ impl Core {
         Ok((addr, lkey, rkey))
     }
 
+    /// Registers memory the caller owns (`ibv_reg_mr` on application
+    /// memory): the engine reads and writes it in place. Peers address it
+    /// by `iova`.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` stays mapped and writable until `dereg_mr`.
+    pub unsafe fn reg_mr_raw(
+        &mut self,
+        pd: u32,
+        ptr: *mut u8,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<(u32, u32)> {
+        if len == 0 || len > self.limits.max_mr_len {
+            return Err(DeviceError::MrLength {
+                len,
+                max: self.limits.max_mr_len,
+            });
+        }
+        Ok(self
+            .mem
+            .register(pd, Backing::Raw { ptr, len }, iova, access)?)
+    }
+
+    /// Removes a CQ no QP uses.
+    pub fn destroy_cq(&mut self, cq: u32) -> Result<()> {
+        if self.qps.values().any(|s| s.cq == cq || s.recv_cq == cq) {
+            return Err(DeviceError::CqBusy(cq));
+        }
+        self.cqs
+            .remove(&cq)
+            .map(|_| ())
+            .ok_or(DeviceError::NoCq(cq))
+    }
+
     pub fn dereg_mr(&mut self, lkey: u32) -> Result<()> {
         self.mem.deregister(lkey).ok_or(DeviceError::NoMr(lkey))?;
         self.mr_backing.remove(&lkey);
@@ -352,11 +400,18 @@ impl Core {
     }
 
     pub fn create_qp(&mut self, pd: u32, cq: u32, cap: QpCap) -> Result<u32> {
+        self.create_qp_cqs(pd, cq, cq, cap)
+    }
+
+    /// A QP with its own send and receive CQs (they may be the same).
+    pub fn create_qp_cqs(&mut self, pd: u32, cq: u32, recv_cq: u32, cap: QpCap) -> Result<u32> {
         if self.qps.len() >= self.limits.max_qp {
             return Err(DeviceError::QpLimit(self.limits.max_qp));
         }
-        if !self.cqs.contains_key(&cq) {
-            return Err(DeviceError::NoCq(cq));
+        for c in [cq, recv_cq] {
+            if !self.cqs.contains_key(&c) {
+                return Err(DeviceError::NoCq(c));
+            }
         }
         let mut qpn = self.next_qpn;
         while self.qps.contains_key(&qpn) {
@@ -371,6 +426,7 @@ impl Core {
             QpSlot {
                 qp: QpEngine::new(qpn, pd, cap),
                 cq,
+                recv_cq,
                 net: None,
                 path: None,
             },
@@ -388,7 +444,7 @@ impl Core {
             ..Default::default()
         });
         while let Some(wc) = slot.qp.poll_completion() {
-            if let Some(cq) = self.cqs.get_mut(&slot.cq) {
+            if let Some(cq) = self.cqs.get_mut(&slot.cq_for(&wc)) {
                 cq.push(wc);
             }
         }
@@ -497,7 +553,7 @@ impl Core {
 
     fn drain_wcs(slot: &mut QpSlot, cqs: &mut HashMap<u32, CqRing>, stats: &mut DpStats) {
         while let Some(wc) = slot.qp.poll_completion() {
-            match cqs.get_mut(&slot.cq) {
+            match cqs.get_mut(&slot.cq_for(&wc)) {
                 Some(cq) => {
                     let before = cq.overflows;
                     cq.push(wc);

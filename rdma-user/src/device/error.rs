@@ -11,6 +11,8 @@ use crate::transport::{ModifyError, PostError};
 pub enum DeviceError {
     NoQp(u32),
     NoCq(u32),
+    /// A CQ that a QP still uses (rdma-core: EBUSY).
+    CqBusy(u32),
     /// No memory region with this lkey.
     NoMr(u32),
     QpLimit(usize),
@@ -33,6 +35,7 @@ impl DeviceError {
     pub fn errno(&self) -> i32 {
         match self {
             DeviceError::NoQp(_) | DeviceError::NoCq(_) | DeviceError::NoMr(_) => libc::EINVAL,
+            DeviceError::CqBusy(_) => libc::EBUSY,
             DeviceError::QpLimit(_) | DeviceError::CqLimit(_) | DeviceError::Memory(_) => {
                 libc::ENOMEM
             }
@@ -52,6 +55,7 @@ impl fmt::Display for DeviceError {
         match self {
             DeviceError::NoQp(q) => write!(f, "no QP {q:#x}"),
             DeviceError::NoCq(c) => write!(f, "no CQ {c}"),
+            DeviceError::CqBusy(c) => write!(f, "CQ {c} is still used by a QP"),
             DeviceError::NoMr(k) => write!(f, "no memory region with lkey {k:#x}"),
             DeviceError::QpLimit(n) => {
                 write!(f, "QP limit reached ({n}); destroy a QP or raise --max-qp")

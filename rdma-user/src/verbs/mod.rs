@@ -210,6 +210,42 @@ impl Pd {
         })
     }
 
+    /// Registers memory the caller owns, in place (the engine reads and
+    /// writes it directly; peers address it by its virtual address).
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` stays mapped and writable until the region is
+    /// deregistered (`Mr::dereg`, which returns once the data path can no
+    /// longer touch it).
+    pub unsafe fn reg_mr_raw(&self, ptr: *mut u8, len: usize, access: Access) -> Result<Mr> {
+        let pdn = self.pdn;
+        let (p, iova) = (ptr as usize, ptr as u64);
+        let (lkey, rkey) = self.ctx.call(move |dp| {
+            // SAFETY: the caller's guarantee, passed on.
+            unsafe { dp.core.reg_mr_raw(pdn, p as *mut u8, len, iova, access) }
+        })?;
+        Ok(Mr {
+            ctx: self.ctx.clone(),
+            addr: iova,
+            len,
+            lkey,
+            rkey,
+        })
+    }
+
+    /// An RC QP with send completions on `send_cq` and receive
+    /// completions on `recv_cq`.
+    pub fn create_qp_cqs(&self, send_cq: &Cq, recv_cq: &Cq, cap: QpCap) -> Result<Qp> {
+        let (pdn, scq, rcq) = (self.pdn, send_cq.cqn, recv_cq.cqn);
+        let qpn = self
+            .ctx
+            .call(move |dp| dp.core.create_qp_cqs(pdn, scq, rcq, cap))?;
+        Ok(Qp {
+            ctx: self.ctx.clone(),
+            qpn,
+        })
+    }
+
     /// An RC QP whose send and receive completions go to `cq`.
     pub fn create_qp(&self, cq: &Cq, cap: QpCap) -> Result<Qp> {
         let (pdn, cqn) = (self.pdn, cq.cqn);
@@ -291,6 +327,24 @@ pub struct Cq {
 }
 
 impl Cq {
+    /// Removes the CQ (EBUSY while a QP uses it; the handle stays usable).
+    pub fn destroy(&self) -> Result<()> {
+        let cqn = self.cqn;
+        self.ctx.call(move |dp| dp.core.destroy_cq(cqn))
+    }
+
+    /// How many completions wait to be polled.
+    pub fn pending(&self) -> Result<usize> {
+        let cqn = self.cqn;
+        self.ctx.call(move |dp| -> Result<_> {
+            Ok(dp
+                .core
+                .cq_mut(cqn)
+                .ok_or(Error::Device(DeviceError::NoCq(cqn)))?
+                .len())
+        })
+    }
+
     /// Takes up to `wcs.len()` completions in one call; returns how many.
     pub fn poll(&self, wcs: &mut [Wc]) -> Result<usize> {
         let (cqn, max) = (self.cqn, wcs.len());
@@ -352,6 +406,18 @@ impl Qp {
     pub fn connect(&self, path: Path, c: &Connect) -> Result<()> {
         let (qpn, c) = (self.qpn, *c);
         self.ctx.call(move |dp| dp.core.connect_qp(qpn, path, &c))
+    }
+
+    /// Sets the network path (after RTR named the peer QP).
+    pub fn set_path(&self, path: Path) -> Result<()> {
+        let qpn = self.qpn;
+        self.ctx.call(move |dp| dp.core.set_path(qpn, path))
+    }
+
+    /// Destroys the QP; its outstanding WRs complete with flush errors.
+    pub fn destroy(self) -> Result<()> {
+        let qpn = self.qpn;
+        self.ctx.call(move |dp| dp.core.destroy_qp(qpn))
     }
 
     pub fn state(&self) -> Result<QpState> {
