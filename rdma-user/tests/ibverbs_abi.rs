@@ -261,3 +261,87 @@ fn unmodified_perftest_runs_over_the_library() {
         assert_eq!(line.split_whitespace().nth(1), Some("20"), "{tool}: {line}");
     }
 }
+
+#[test]
+fn misuse_gets_rdma_cores_answers() {
+    library();
+    // Our own C program against Debian's libibverbs-dev headers, linked
+    // against the real libibverbs and run on ours (as any program).
+    let exe = std::env::temp_dir().join(format!("rdma-misuse-{}", std::process::id()));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/misuse.c");
+    let cc = Command::new("cc")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .arg("-libverbs")
+        .output()
+        .expect("cc");
+    assert!(
+        cc.status.success(),
+        "cc misuse.c (libibverbs-dev): {}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let _g = lab::serial();
+    let lab = lab::Lab::new(1500);
+    // Host 1 runs no RDMA: it never answers, so sends retry out.
+    let dev = format!("xdp_{}", lab.dev[0]);
+    let out = lab.exec(
+        0,
+        lab::BIN,
+        &["exec", "--", exe.to_str().unwrap(), &dev, &lab.addr[1]],
+    );
+    let _ = std::fs::remove_file(&exe);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("all ok"),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.lines().filter(|l| l.starts_with("ok ")).count() >= 45,
+        "{text}"
+    );
+}
+
+#[test]
+fn a_peer_killed_mid_transfer_ends_in_retry_exceeded() {
+    library();
+    let _g = lab::serial();
+    let lab = lab::Lab::new(1500);
+    let args = [
+        "exec",
+        "--",
+        "ib_write_bw",
+        "-x",
+        "1",
+        "-s",
+        "65536",
+        "-n",
+        "1000000",
+    ];
+    let server = lab.spawn(1, &args);
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let mut cargs = args.to_vec();
+    cargs.push(&lab.addr[1]);
+    let client = lab.spawn(0, &cargs);
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    // SIGKILL: no clean-up at all, as a crashed program.
+    let _ = Command::new("kill")
+        .args(["-KILL", &server.id().to_string()])
+        .status();
+    let t0 = std::time::Instant::now();
+    let out = lab::wait_timeout(client, std::time::Duration::from_secs(60));
+    let _ = lab::wait_timeout(server, std::time::Duration::from_secs(5));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(30),
+        "the client hung"
+    );
+    assert!(!out.status.success(), "{text}");
+    // perftest's report of a completion with IBV_WC_RETRY_EXC_ERR (12).
+    assert!(text.contains("Failed status 12"), "{text}");
+}

@@ -142,6 +142,7 @@ pub(crate) fn interop(o: &Options) -> Result<()> {
     let (quick, only) = (o.quick, o.only);
     let t0 = Instant::now();
     let bin = build(true)?;
+    ibverbs_so::build(&crate::root(), true).context("build the drop-in libibverbs")?;
     let (lab, booted) = boot(&[VmId::A], o.keep_vm)?;
     println!("rxe VM: {booted}");
     let b = bin.to_string_lossy().to_string();
@@ -211,6 +212,9 @@ pub(crate) fn interop(o: &Options) -> Result<()> {
         c.result = Some((1 << 23, 5));
         cases.push(c);
     }
+    // The same tools on our side too, unmodified, over the drop-in
+    // libibverbs (`rdma-xdp exec`).
+    cases.extend(library_cases(quick));
     let mut results = Vec::new();
     let mut watch = CounterWatch::new(&lab, &[VmId::A]);
     for c in cases
@@ -575,6 +579,93 @@ pub(crate) fn perf_case(
         result: Some((size.unwrap_or(8), n)),
         ours_print_result: rxe_server || !matches!(tool, "read_lat" | "atomic_lat"),
     }
+}
+
+/// Our side as a Debian binary over the drop-in libibverbs.
+fn library_ours(tool_args: &str, server: Option<&str>) -> Vec<String> {
+    let mut v: Vec<String> = ["--iface", "rxehost0", "exec", "--"]
+        .iter()
+        .map(|s| s.to_string())
+        .chain(tool_args.split_whitespace().map(String::from))
+        .collect();
+    v.extend(server.map(String::from));
+    v
+}
+
+/// rc_pingpong and perftest on both sides: rxe's in the VM, Debian's on
+/// our side over the drop-in libibverbs.
+pub(crate) fn library_cases(quick: bool) -> Vec<Case> {
+    let mut v = Vec::new();
+    let pp: &[(usize, &str)] = if quick {
+        &[(4096, "")]
+    } else {
+        &[(64, ""), (4096, ""), (65536, ""), (4096, " -e")]
+    };
+    for &(s, ev) in pp {
+        for rxe_server in [true, false] {
+            let mut c = pingpong_case("libibverbs: ", s, 50, rxe_server, false);
+            c.name = c.name.replace(" -c,", &format!(" -c{ev},"));
+            c.rxe = format!("{}{ev}", c.rxe);
+            c.ours = library_ours(
+                &format!("ibv_rc_pingpong -g 1 -s {s} -n 50 -c{ev}"),
+                rxe_server.then_some("10.99.0.2"),
+            );
+            v.push(c);
+        }
+    }
+    let perf: Vec<(&str, Vec<usize>, &str)> = if quick {
+        vec![("write_lat", vec![2], "")]
+    } else {
+        let sizes = vec![2, 5000, 1 << 20];
+        vec![
+            ("write_lat", sizes.clone(), ""),
+            ("send_lat", sizes.clone(), ""),
+            ("read_lat", sizes.clone(), ""),
+            ("atomic_lat", vec![8], ""),
+            ("write_bw", sizes.clone(), ""),
+            ("read_bw", sizes.clone(), ""),
+            ("send_bw", vec![2, 5000], ""),
+            ("write_bw", vec![5000], " -q 2"),
+            ("write_bw", vec![5000], " --report_gbits"),
+        ]
+    };
+    let roles: &[bool] = if quick { &[true] } else { &[true, false] };
+    for &rxe_server in roles {
+        for (tool, sizes, extra) in &perf {
+            for &s in sizes {
+                let n = if s >= 1 << 20 { 5 } else { 20 };
+                let size = (*tool != "atomic_lat").then_some(s);
+                let mut c =
+                    long_timeout(perf_case("libibverbs: ", tool, "", size, n, rxe_server), s);
+                if !extra.is_empty() {
+                    c = c.with_rxe_flags(extra.trim());
+                }
+                let size_arg = size.map(|s| format!(" -s {s}")).unwrap_or_default();
+                let u = if c.rxe.contains("-u 18") {
+                    " -u 18"
+                } else {
+                    ""
+                };
+                c.ours = library_ours(
+                    &format!("ib_{tool} -x 1{size_arg} -n {n}{u}{extra}"),
+                    rxe_server.then_some("10.99.0.2"),
+                );
+                // The passive side of read/atomic_lat prints no result
+                // (perftest's server), but the peer it exchanged keys with.
+                c.ours_ok = if c.ours_print_result {
+                    "#bytes"
+                } else {
+                    "remote address:"
+                }
+                .into();
+                if extra.contains("-q 2") {
+                    c.result = Some((s, 2 * n));
+                }
+                v.push(c);
+            }
+        }
+    }
+    v
 }
 
 /// Interop cases that run with 1 % loss between us and rxe: data checked

@@ -91,6 +91,14 @@ pub(crate) fn prereqs(install: bool, for_tests: bool) -> Result<()> {
     if for_tests && have("objdump", &["--version"]).is_none() {
         debs.push("binutils");
     }
+    // perftest for the drop-in library's tests; libibverbs-dev for the C
+    // misuse test (headers, and the link-time libibverbs.so).
+    if for_tests && have("sh", &["-c", "command -v ib_write_bw"]).is_none() {
+        debs.push("perftest");
+    }
+    if for_tests && !std::path::Path::new("/usr/include/infiniband/verbs.h").exists() {
+        debs.push("libibverbs-dev");
+    }
     if !debs.is_empty() {
         let list = debs.join(" ");
         missing.push((

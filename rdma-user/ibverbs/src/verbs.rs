@@ -14,15 +14,18 @@ use std::collections::HashSet;
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::mem::size_of;
 use std::ptr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use crossbeam_queue::ArrayQueue;
+use rdma_user::device::rings::{CqShared, QpRings};
 
 use rdma_user::device::datapath::{gid_to_ip, Path};
 use rdma_user::io::hostnet::{iface_mac, resolve_mac};
 use rdma_user::memory::Access;
 use rdma_user::transport::{
     QpAttr, QpCap, QpState, RecvWr, SendFlags, SendWr, Sge, Wc, WcOpcode, WcStatus, WrOpcode,
-    MAX_SGE,
+    MAX_INLINE, MAX_SGE,
 };
 use rdma_user::verbs;
 
@@ -84,19 +87,24 @@ struct Mr {
 struct Cq {
     cq: ibv_cq,
     inner: Mutex<Option<verbs::Cq>>,
-    /// Armed by `ibv_req_notify_cq`: the next completion is an event.
-    armed: Mutex<bool>,
+    /// The completion ring the data path fills; polled without it.
+    shared: Arc<CqShared>,
 }
 
 #[repr(C)]
 struct Channel {
     ch: ibv_comp_channel,
+    /// CQs that fired (their addresses), in order.
+    fired: Arc<ArrayQueue<usize>>,
 }
 
 #[repr(C)]
 struct Qp {
     qp: ibv_qp,
     inner: Mutex<Option<verbs::Qp>>,
+    /// The work rings; the lock serialises this QP's posting threads only
+    /// (the data path never takes it).
+    rings: Mutex<Arc<QpRings>>,
     cap: ibv_qp_cap,
     sq_sig_all: bool,
     ctx: &'static Context,
@@ -109,10 +117,17 @@ fn data_path(c: &'static Context) -> Result<verbs::Context, c_int> {
     if let Some(d) = dp.as_ref() {
         return Ok(d.clone());
     }
-    let opts = verbs::ContextOptions {
-        polling: verbs::Polling::Adaptive,
-        cpu: None,
+    // RDMA_XDP_POLLING=spin: the data path thread spins on the rings like
+    // a NIC (lowest latency, takes a core); adaptive (the default) backs
+    // off to short sleeps when idle.
+    let polling = match std::env::var("RDMA_XDP_POLLING").as_deref() {
+        Ok("spin") => verbs::Polling::Spin,
+        _ => verbs::Polling::Adaptive,
     };
+    let cpu = std::env::var("RDMA_XDP_CPU")
+        .ok()
+        .and_then(|c| c.parse().ok());
+    let opts = verbs::ContextOptions { polling, cpu };
     match verbs::Context::open(c.netdev(), opts) {
         Ok(d) => {
             *dp = Some(d.clone());
@@ -296,6 +311,7 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
             fd,
             refcnt: 0,
         },
+        fired: Arc::new(ArrayQueue::new(4096)),
     }));
     CHANNELS.add(b);
     b as *mut ibv_comp_channel
@@ -337,37 +353,53 @@ pub unsafe extern "C" fn ibv_create_cq(
         if !(1..=32767).contains(&cqe) {
             return err_ptr(libc::EINVAL);
         }
-        if !channel.is_null() && CHANNELS.get::<Channel, _>(channel).is_none() {
-            return err_ptr(libc::EINVAL);
-        }
+        let ch = if channel.is_null() {
+            None
+        } else {
+            match CHANNELS.get::<Channel, _>(channel) {
+                Some(c) => Some(c),
+                None => return err_ptr(libc::EINVAL),
+            }
+        };
         let dp = match data_path(c) {
             Ok(d) => d,
             Err(e) => return err_ptr(e),
         };
-        match dp.create_cq(cqe as usize) {
-            Ok(inner) => {
-                let mut cq = ibv_cq {
-                    context,
-                    channel,
-                    cq_context,
-                    cqe,
-                    ..Default::default()
-                };
-                cq.handle = 0;
-                let b = Box::into_raw(Box::new(Cq {
-                    cq,
-                    inner: Mutex::new(Some(inner)),
-                    armed: Mutex::new(false),
-                }));
-                if !channel.is_null() {
-                    // SAFETY: checked live above.
-                    unsafe { (*channel).refcnt += 1 };
-                }
-                CQS.add(b);
-                b as *mut ibv_cq
-            }
-            Err(e) => err_ptr(e.errno()),
+        let inner = match dp.create_cq(cqe as usize) {
+            Ok(i) => i,
+            Err(e) => return err_ptr(e.errno()),
+        };
+        // The CQ's address is its token in the channel's fired queue; the
+        // box is allocated first so that the ring can know it.
+        let mut b = Box::new(Cq {
+            cq: ibv_cq {
+                context,
+                channel,
+                cq_context,
+                cqe,
+                ..Default::default()
+            },
+            inner: Mutex::new(None),
+            shared: Arc::new(CqShared::new(1, None, 0)),
+        });
+        let token = &*b as *const Cq as usize;
+        let shared = Arc::new(CqShared::new(
+            cqe as usize,
+            ch.map(|c| (c.ch.fd, c.fired.clone())),
+            token,
+        ));
+        if let Err(e) = inner.share(shared.clone()) {
+            return err_ptr(e.errno());
         }
+        b.shared = shared;
+        *b.inner.lock().unwrap_or_else(|e| e.into_inner()) = Some(inner);
+        let b = Box::into_raw(b);
+        if !channel.is_null() {
+            // SAFETY: checked live above.
+            unsafe { (*channel).refcnt += 1 };
+        }
+        CQS.add(b);
+        b as *mut ibv_cq
     })
 }
 
@@ -439,7 +471,7 @@ fn ibv_wc_of(w: &Wc) -> ibv_wc {
     wc
 }
 
-/// `ctx->ops.poll_cq`.
+/// `ctx->ops.poll_cq`: pops the CQ ring (no lock, no syscall).
 unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
     guard(-1, || {
         let Some(c) = CQS.get::<Cq, _>(cq) else {
@@ -451,25 +483,27 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_in
         if wc.is_null() {
             return -1;
         }
-        let inner = c.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(i) = inner.as_ref() else { return -1 };
-        let mut buf = [rdma_user::device::standalone::NO_WC; 64];
-        let max = (n as usize).min(buf.len());
-        match i.poll(&mut buf[..max]) {
-            Ok(got) => {
-                for (k, w) in buf[..got].iter().enumerate() {
-                    // SAFETY: the caller's array holds n >= got entries.
-                    unsafe { wc.add(k).write(ibv_wc_of(w)) };
-                }
-                got as c_int
+        let mut buf = [rdma_user::device::standalone::NO_WC; 16];
+        let mut total = 0usize;
+        while total < n as usize {
+            let want = (n as usize - total).min(buf.len());
+            let got = c.shared.poll(&mut buf[..want]);
+            for (k, w) in buf[..got].iter().enumerate() {
+                // SAFETY: the caller's array holds n entries; total+k < n.
+                unsafe { wc.add(total + k).write(ibv_wc_of(w)) };
             }
-            Err(_) => -1,
+            total += got;
+            if got < want {
+                break;
+            }
         }
+        total as c_int
     })
 }
 
 /// `ctx->ops.req_notify_cq`: the next completion raises an event on the
-/// CQ's channel (solicited-only is treated as any completion for now).
+/// CQ's channel. Solicited-only is taken as any completion (a superset:
+/// programs poll the CQ after an event anyway).
 unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, _solicited_only: c_int) -> c_int {
     let Some(c) = CQS.get::<Cq, _>(cq) else {
         return libc::EINVAL;
@@ -477,11 +511,13 @@ unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, _solicited_only: c_int) -> c
     if c.cq.channel.is_null() {
         return libc::EINVAL;
     }
-    *c.armed.lock().unwrap_or_else(|e| e.into_inner()) = true;
+    c.shared.arm();
     0
 }
 
-/// Blocks until an armed CQ of `channel` has a completion.
+/// The next event of `channel`: blocks in `read` on its eventfd (so a
+/// signal interrupts it with EINTR, and O_NONBLOCK gives EAGAIN, as with
+/// rdma-core's kernel channel).
 ///
 /// # Safety
 /// `channel` is a channel; `cq` and `cq_context` point to pointers.
@@ -491,43 +527,32 @@ pub unsafe extern "C" fn ibv_get_cq_event(
     cq: *mut *mut ibv_cq,
     cq_context: *mut *mut c_void,
 ) -> c_int {
-    if CHANNELS.get::<Channel, _>(channel).is_none() || cq.is_null() || cq_context.is_null() {
+    let Some(ch) = CHANNELS.get::<Channel, _>(channel) else {
+        set_errno(libc::EINVAL);
+        return -1;
+    };
+    if cq.is_null() || cq_context.is_null() {
         set_errno(libc::EINVAL);
         return -1;
     }
     loop {
-        let cqs: Vec<usize> = CQS
-            .0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .map(|s| s.iter().copied().collect())
-            .unwrap_or_default();
-        for p in cqs {
-            let Some(c) = CQS.get::<Cq, _>(p as *mut ibv_cq) else {
-                continue;
-            };
-            if c.cq.channel != channel || !*c.armed.lock().unwrap_or_else(|e| e.into_inner()) {
-                continue;
-            }
-            let pending = c
-                .inner
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .as_ref()
-                .and_then(|i| i.pending().ok())
-                .unwrap_or(0);
-            if pending > 0 {
-                *c.armed.lock().unwrap_or_else(|e| e.into_inner()) = false;
+        while let Some(tok) = ch.fired.pop() {
+            let p = tok as *mut ibv_cq;
+            if let Some(c) = CQS.get::<Cq, _>(p) {
                 // SAFETY: the caller's out pointers (checked non-NULL).
                 unsafe {
-                    *cq = p as *mut ibv_cq;
+                    *cq = p;
                     *cq_context = c.cq.cq_context;
                 }
                 return 0;
             }
         }
-        std::thread::sleep(Duration::from_micros(50));
+        let mut v: u64 = 0;
+        // SAFETY: reading 8 bytes into a local from our eventfd.
+        let r = unsafe { libc::read(ch.ch.fd, &mut v as *mut u64 as *mut c_void, 8) };
+        if r < 0 {
+            return -1;
+        }
     }
 }
 
@@ -603,9 +628,19 @@ pub unsafe extern "C" fn ibv_create_qp(
             Ok(inner) => {
                 // What we grant: the depths asked for, inline up to 256 B.
                 let granted = ibv_qp_cap {
-                    max_inline_data: cap.max_inline_data.clamp(64, 256),
+                    max_send_wr: cap.max_send_wr.max(1),
+                    max_recv_wr: cap.max_recv_wr.max(1),
+                    max_inline_data: cap.max_inline_data.clamp(64, MAX_INLINE as u32),
                     ..cap
                 };
+                let rings = Arc::new(QpRings::new(
+                    granted.max_send_wr,
+                    granted.max_recv_wr,
+                    QpState::Reset,
+                ));
+                if let Err(e) = inner.share(rings.clone()) {
+                    return err_ptr(e.errno());
+                }
                 a.cap = granted;
                 let b = Box::into_raw(Box::new(Qp {
                     qp: ibv_qp {
@@ -621,6 +656,7 @@ pub unsafe extern "C" fn ibv_create_qp(
                         ..Default::default()
                     },
                     inner: Mutex::new(Some(inner)),
+                    rings: Mutex::new(rings),
                     cap: granted,
                     sq_sig_all: a.sq_sig_all != 0,
                     ctx,
@@ -743,7 +779,10 @@ fn qp_attr_of(a: &ibv_qp_attr, mask: u32) -> Result<QpAttr, c_int> {
         q.rq_psn = Some(a.rq_psn & 0xff_ffff);
     }
     if has(IBV_QP_MAX_QP_RD_ATOMIC) {
-        q.max_rd_atomic = Some(a.max_rd_atomic);
+        // Our initiator depth is capped at the engine's limit: issuing fewer
+        // READs/atomics at once than the peer would take is always safe
+        // (perftest sets the peer's responder depth here, 128 for rxe).
+        q.max_rd_atomic = Some(a.max_rd_atomic.min(rdma_user::transport::MAX_RD_ATOMIC));
     }
     if has(IBV_QP_MIN_RNR_TIMER) {
         q.min_rnr_timer = Some(a.min_rnr_timer);
@@ -919,7 +958,7 @@ fn our_sges(list: &[ibv_sge], out: &mut [Sge; MAX_SGE]) -> usize {
     list.len()
 }
 
-fn post_one(q: &Qp, i: &verbs::Qp, r: &ibv_send_wr) -> Result<(), c_int> {
+fn post_one(q: &Qp, rings: &QpRings, r: &ibv_send_wr) -> Result<(), c_int> {
     let list = sges(r.sg_list, r.num_sge)?;
     let mut sg = [Sge::default(); MAX_SGE];
     let n = our_sges(list, &mut sg);
@@ -956,25 +995,32 @@ fn post_one(q: &Qp, i: &verbs::Qp, r: &ibv_send_wr) -> Result<(), c_int> {
             _ => {}
         }
     }
-    let mut inline = Vec::new();
+    let mut inline = [0u8; MAX_INLINE];
     if r.send_flags & IBV_SEND_INLINE != 0 {
         let total: u64 = list.iter().map(|s| s.length as u64).sum();
         if total > q.cap.max_inline_data as u64 {
             return Err(libc::EINVAL);
         }
+        let mut at = 0;
         for s in list {
             // SAFETY: inline data is read from the caller's buffers at
-            // post time (no lkey needed, as the spec says).
-            inline.extend_from_slice(unsafe {
-                std::slice::from_raw_parts(s.addr as *const u8, s.length as usize)
-            });
+            // post time (no lkey needed, as the spec says); the total was
+            // checked to fit.
+            let src = unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) };
+            inline[at..at + src.len()].copy_from_slice(src);
+            at += src.len();
         }
-        w.inline = Some(&inline);
+        w.inline = Some(&inline[..at]);
     }
-    i.post_send(&w).map_err(|e| e.errno())
+    rings.post_send(&w).map_err(post_errno)
 }
 
-/// `ctx->ops.post_send`.
+/// rdma-core's errno for a refused post: a full queue is ENOMEM.
+fn post_errno(e: rdma_user::transport::PostError) -> c_int {
+    rdma_user::device::error::DeviceError::Post(e).errno()
+}
+
+/// `ctx->ops.post_send`: checks and pushes onto the QP's send ring.
 unsafe extern "C" fn post_send(
     qp: *mut ibv_qp,
     wr: *mut ibv_send_wr,
@@ -984,15 +1030,12 @@ unsafe extern "C" fn post_send(
         let Some(q) = QPS.get::<Qp, _>(qp) else {
             return libc::EINVAL;
         };
-        let inner = q.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(i) = inner.as_ref() else {
-            return libc::EINVAL;
-        };
+        let rings = q.rings.lock().unwrap_or_else(|e| e.into_inner());
         let mut w = wr;
         while !w.is_null() {
             // SAFETY: the caller's WR chain.
             let r = unsafe { &*w };
-            if let Err(e) = post_one(q, i, r) {
+            if let Err(e) = post_one(q, &rings, r) {
                 if !bad.is_null() {
                     // SAFETY: the caller's out pointer.
                     unsafe { *bad = w };
@@ -1005,7 +1048,7 @@ unsafe extern "C" fn post_send(
     })
 }
 
-/// `ctx->ops.post_recv`.
+/// `ctx->ops.post_recv`: checks and pushes onto the QP's receive ring.
 unsafe extern "C" fn post_recv(
     qp: *mut ibv_qp,
     wr: *mut ibv_recv_wr,
@@ -1015,10 +1058,7 @@ unsafe extern "C" fn post_recv(
         let Some(q) = QPS.get::<Qp, _>(qp) else {
             return libc::EINVAL;
         };
-        let inner = q.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(i) = inner.as_ref() else {
-            return libc::EINVAL;
-        };
+        let rings = q.rings.lock().unwrap_or_else(|e| e.into_inner());
         let mut w = wr;
         while !w.is_null() {
             // SAFETY: the caller's WR chain.
@@ -1026,11 +1066,12 @@ unsafe extern "C" fn post_recv(
             let res = sges(r.sg_list, r.num_sge).and_then(|list| {
                 let mut sg = [Sge::default(); MAX_SGE];
                 let n = our_sges(list, &mut sg);
-                i.post_recv(&RecvWr {
-                    wr_id: r.wr_id,
-                    sg_list: &sg[..n],
-                })
-                .map_err(|e| e.errno())
+                rings
+                    .post_recv(&RecvWr {
+                        wr_id: r.wr_id,
+                        sg_list: &sg[..n],
+                    })
+                    .map_err(post_errno)
             });
             if let Err(e) = res {
                 if !bad.is_null() {

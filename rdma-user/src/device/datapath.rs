@@ -7,6 +7,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::device::error::DeviceError;
@@ -17,6 +18,8 @@ pub type Result<T, E = DeviceError> = std::result::Result<T, E>;
 use crate::io::xsk::{SharedMem, Xsk};
 use crate::memory::{Access, Backing, MrTable};
 use crate::transport::{Nanos, QpAttr, QpCap, QpEngine, QpState, RecvWr, SendWr, Wc, WcOpcode};
+
+use super::rings::{CqShared, QpRings};
 use crate::wire::{
     ipv4_mapped_gid, udp_sport_for_qps, EthernetRepr, IpRepr, Ipv4Repr, Ipv6Repr, RoceRepr,
     TransportRepr, UdpRepr, WireError, ETH_P_IPV4, ETH_P_IPV6, ICRC_LEN, IPPROTO_UDP,
@@ -97,6 +100,8 @@ pub struct CqRing {
     ring: VecDeque<Wc>,
     depth: usize,
     pub overflows: u64,
+    /// With a ring shared with polling threads, completions go there.
+    shared: Option<Arc<CqShared>>,
 }
 
 impl CqRing {
@@ -105,10 +110,15 @@ impl CqRing {
             ring: VecDeque::with_capacity(depth),
             depth,
             overflows: 0,
+            shared: None,
         }
     }
     fn push(&mut self, wc: Wc) {
-        if self.ring.len() >= self.depth {
+        if let Some(s) = &self.shared {
+            if !s.push(wc) {
+                self.overflows += 1;
+            }
+        } else if self.ring.len() >= self.depth {
             self.overflows += 1;
         } else {
             self.ring.push_back(wc);
@@ -116,6 +126,9 @@ impl CqRing {
     }
     /// Batched poll: moves up to `out.len()` completions into `out`.
     pub fn poll(&mut self, out: &mut [Wc]) -> usize {
+        if let Some(s) = &self.shared {
+            return s.poll(out);
+        }
         let n = out.len().min(self.ring.len());
         for o in out.iter_mut().take(n) {
             *o = self.ring.pop_front().expect("counted");
@@ -123,10 +136,13 @@ impl CqRing {
         n
     }
     pub fn len(&self) -> usize {
-        self.ring.len()
+        match &self.shared {
+            Some(s) => s.len(),
+            None => self.ring.len(),
+        }
     }
     pub fn is_empty(&self) -> bool {
-        self.ring.is_empty()
+        self.len() == 0
     }
 }
 
@@ -137,6 +153,11 @@ struct QpSlot {
     recv_cq: u32,
     net: Option<RoceRepr>,
     path: Option<Path>,
+    /// Work rings shared with posting threads, and how many WRs came from
+    /// them into the engine.
+    rings: Option<Arc<QpRings>>,
+    moved_send: u64,
+    moved_recv: u64,
 }
 
 impl QpSlot {
@@ -429,6 +450,9 @@ impl Core {
                 recv_cq,
                 net: None,
                 path: None,
+                rings: None,
+                moved_send: 0,
+                moved_recv: 0,
             },
         );
         self.qp_order.push(qpn);
@@ -465,8 +489,70 @@ impl Core {
 
     pub fn modify_qp(&mut self, qpn: u32, attr: &QpAttr) -> Result<()> {
         let slot = self.qps.get_mut(&qpn).ok_or(DeviceError::NoQp(qpn))?;
-        slot.qp.modify(attr)?;
+        let r = slot.qp.modify(attr);
+        Self::drain_wcs(slot, &mut self.cqs, &mut self.stats);
+        Ok(r?)
+    }
+
+    /// Completions of `cq` go to `shared` from now on (polled without the
+    /// data path's help).
+    pub fn share_cq(&mut self, cq: u32, shared: Arc<CqShared>) -> Result<()> {
+        let c = self.cqs.get_mut(&cq).ok_or(DeviceError::NoCq(cq))?;
+        while let Some(w) = c.ring.pop_front() {
+            shared.push(w);
+        }
+        c.shared = Some(shared);
         Ok(())
+    }
+
+    /// Work requests of `qpn` come from `rings` from now on.
+    pub fn share_qp(&mut self, qpn: u32, rings: Arc<QpRings>) -> Result<()> {
+        let slot = self.qps.get_mut(&qpn).ok_or(DeviceError::NoQp(qpn))?;
+        rings.publish_state(slot.qp.state());
+        slot.moved_send = slot.qp.send_queue_len() as u64;
+        slot.moved_recv = slot.qp.recv_queue_len() as u64;
+        slot.rings = Some(rings);
+        Ok(())
+    }
+
+    /// Moves posted WRs from the shared rings into the engines; true if
+    /// there were any. A WR the engine still refuses (its state changed
+    /// after the poster checked) completes with a local QP operation error.
+    pub fn pump_rings(&mut self) -> bool {
+        let mut any = false;
+        for slot in self.qps.values_mut() {
+            let Some(r) = slot.rings.clone() else {
+                continue;
+            };
+            let mut moved = false;
+            while let Some(w) = r.pop_recv() {
+                let sg = &w.sges[..w.num_sge as usize];
+                if slot
+                    .qp
+                    .post_recv(&RecvWr {
+                        wr_id: w.wr_id,
+                        sg_list: sg,
+                    })
+                    .is_err()
+                {
+                    slot.qp.push_error_wc(w.wr_id, WcOpcode::Recv);
+                }
+                slot.moved_recv += 1;
+                moved = true;
+            }
+            while let Some(w) = r.pop_send() {
+                if slot.qp.post_send(&w.as_wr()).is_err() {
+                    slot.qp.push_error_wc(w.wr_id, WcOpcode::Send);
+                }
+                slot.moved_send += 1;
+                moved = true;
+            }
+            if moved {
+                Self::drain_wcs(slot, &mut self.cqs, &mut self.stats);
+                any = true;
+            }
+        }
+        any
     }
 
     /// Sets the network path of a QP (before RTR).
@@ -552,6 +638,15 @@ impl Core {
     }
 
     fn drain_wcs(slot: &mut QpSlot, cqs: &mut HashMap<u32, CqRing>, stats: &mut DpStats) {
+        if let Some(r) = &slot.rings {
+            // Before the completions: a poller that sees one sees its WR
+            // retired too (queue depth), and the state it left the QP in.
+            r.publish_retired(
+                slot.moved_send - slot.qp.send_queue_len() as u64,
+                slot.moved_recv - slot.qp.recv_queue_len() as u64,
+            );
+            r.publish_state(slot.qp.state());
+        }
         while let Some(wc) = slot.qp.poll_completion() {
             match cqs.get_mut(&slot.cq_for(&wc)) {
                 Some(cq) => {
@@ -690,7 +785,7 @@ impl DataPath {
     /// packet moved (for adaptive polling) and the next timer deadline.
     pub fn poll(&mut self) -> (bool, Option<Nanos>) {
         let now = self.now();
-        let mut work = false;
+        let mut work = self.core.pump_rings();
         let core = &mut self.core;
         for x in self.xsks.iter_mut() {
             let n = x.recv(64, |f| core.handle_frame(now, f));

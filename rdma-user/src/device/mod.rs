@@ -8,5 +8,6 @@
 
 pub mod datapath;
 pub mod error;
+pub mod rings;
 pub mod runner;
 pub mod standalone;

@@ -37,7 +37,8 @@ pub use completer::{ack_timeout_ns, rnr_timer_ns};
 pub use qp::{
     pkey_matches, AttrMask, ModifyError, QpAttr, QpCap, QpEngine, QpState, QpStats, MAX_RD_ATOMIC,
 };
-pub use requester::{MAX_PKT_PER_ACK, RETRY_WINDOW};
+pub use requester::{check_send, MAX_PKT_PER_ACK, RETRY_WINDOW};
+pub use responder::check_recv;
 pub use wr::{
     PostError, RecvWr, SendFlags, SendWr, Sge, Wc, WcOpcode, WcStatus, WrOpcode, MAX_INLINE,
     MAX_SGE,

@@ -599,6 +599,19 @@ impl QpEngine {
         self.completions.pop_front()
     }
 
+    /// Completes a WR the engine refused after it was accepted elsewhere
+    /// (posted on another thread, then the QP's state changed).
+    pub fn push_error_wc(&mut self, wr_id: u64, opcode: WcOpcode) {
+        self.completions.push_back(Wc {
+            wr_id,
+            status: WcStatus::LocQpOpErr,
+            opcode,
+            byte_len: 0,
+            imm: None,
+            qp_num: self.qpn,
+        });
+    }
+
     pub fn pending_completions(&self) -> usize {
         self.completions.len()
     }

@@ -92,37 +92,46 @@ impl SendWqe {
     }
 }
 
+/// What `post_send` refuses before queueing, for a QP in `state`: also
+/// checked where a WR is posted on another thread than the engine's (the
+/// verbs rings), so both refuse the same WRs.
+pub fn check_send(state: QpState, wr: &SendWr) -> Result<(), PostError> {
+    match state {
+        QpState::Rts | QpState::Sqd | QpState::Err => {}
+        s => return Err(PostError::BadState(s)),
+    }
+    if wr.sg_list.len() > MAX_SGE {
+        return Err(PostError::TooManySge);
+    }
+    let inline = wr.inline.filter(|_| !wr.opcode.is_rd_atomic());
+    if inline.is_some_and(|d| d.len() > MAX_INLINE) {
+        return Err(PostError::InlineTooLong);
+    }
+    if wr.opcode.is_atomic() && (send_length(wr) != 8 || wr.sg_list.len() != 1) {
+        return Err(PostError::BadAtomicLength);
+    }
+    Ok(())
+}
+
+/// The message length of a send WR: its inline data or its SGEs.
+fn send_length(wr: &SendWr) -> u32 {
+    match wr.inline.filter(|_| !wr.opcode.is_rd_atomic()) {
+        Some(data) => data.len() as u32,
+        None => {
+            let total: u64 = wr.sg_list.iter().map(|s| s.length as u64).sum();
+            total.min(u32::MAX as u64) as u32
+        }
+    }
+}
+
 impl QpEngine {
     pub fn post_send(&mut self, wr: &SendWr) -> Result<(), PostError> {
-        match self.state {
-            QpState::Rts | QpState::Sqd | QpState::Err => {}
-            s => return Err(PostError::BadState(s)),
-        }
+        check_send(self.state, wr)?;
         if self.req.sq.len() >= self.cap_send {
             return Err(PostError::QueueFull);
         }
-        if wr.sg_list.len() > MAX_SGE {
-            return Err(PostError::TooManySge);
-        }
-        let inline = match wr.inline {
-            Some(data) if !wr.opcode.is_rd_atomic() => {
-                if data.len() > MAX_INLINE {
-                    return Err(PostError::InlineTooLong);
-                }
-                Some(data)
-            }
-            _ => None,
-        };
-        let length = match inline {
-            Some(data) => data.len() as u32,
-            None => {
-                let total: u64 = wr.sg_list.iter().map(|s| s.length as u64).sum();
-                total.min(u32::MAX as u64) as u32
-            }
-        };
-        if wr.opcode.is_atomic() && (length != 8 || wr.sg_list.len() != 1) {
-            return Err(PostError::BadAtomicLength);
-        }
+        let inline = wr.inline.filter(|_| !wr.opcode.is_rd_atomic());
+        let length = send_length(wr);
         // WQEs retire in order and at most cap_send are queued, so an inline
         // slot is free again by the time the counter wraps to it.
         let slot = self.req.inline_next;

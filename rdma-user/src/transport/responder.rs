@@ -141,28 +141,33 @@ pub(super) enum Resp {
     },
 }
 
+/// What `post_recv` refuses for a QP in `state` (see `check_send`).
+pub fn check_recv(state: QpState, wr: &RecvWr) -> Result<(), PostError> {
+    if state == QpState::Reset {
+        return Err(PostError::BadState(QpState::Reset));
+    }
+    if wr.sg_list.len() > MAX_SGE {
+        return Err(PostError::TooManySge);
+    }
+    Ok(())
+}
+
 impl QpEngine {
     pub fn post_recv(&mut self, wr: &RecvWr) -> Result<(), PostError> {
-        match self.state {
-            QpState::Reset => return Err(PostError::BadState(QpState::Reset)),
-            QpState::Err => {
-                self.completions.push_back(Wc {
-                    wr_id: wr.wr_id,
-                    status: WcStatus::WrFlushErr,
-                    opcode: WcOpcode::Recv,
-                    byte_len: 0,
-                    imm: None,
-                    qp_num: self.qpn,
-                });
-                return Ok(());
-            }
-            _ => {}
+        check_recv(self.state, wr)?;
+        if self.state == QpState::Err {
+            self.completions.push_back(Wc {
+                wr_id: wr.wr_id,
+                status: WcStatus::WrFlushErr,
+                opcode: WcOpcode::Recv,
+                byte_len: 0,
+                imm: None,
+                qp_num: self.qpn,
+            });
+            return Ok(());
         }
         if self.resp.rq.len() >= self.cap_recv {
             return Err(PostError::QueueFull);
-        }
-        if wr.sg_list.len() > MAX_SGE {
-            return Err(PostError::TooManySge);
         }
         let mut r = RecvWqe {
             wr_id: wr.wr_id,

@@ -15,6 +15,7 @@ use std::thread::JoinHandle;
 
 use crate::device::datapath::{Connect, DataPath, Path};
 use crate::device::error::DeviceError;
+use crate::device::rings::{CqShared, QpRings};
 use crate::device::runner::{data_path_loop, Job};
 use crate::device::standalone::{Attachment, Standalone};
 use crate::io::xdp::XdpMode;
@@ -333,6 +334,13 @@ impl Cq {
         self.ctx.call(move |dp| dp.core.destroy_cq(cqn))
     }
 
+    /// From now on completions go to `shared`, which threads poll without
+    /// the data path's help (the verbs ABI's CQ ring).
+    pub fn share(&self, shared: Arc<CqShared>) -> Result<()> {
+        let cqn = self.cqn;
+        self.ctx.call(move |dp| dp.core.share_cq(cqn, shared))
+    }
+
     /// How many completions wait to be polled.
     pub fn pending(&self) -> Result<usize> {
         let cqn = self.cqn;
@@ -406,6 +414,13 @@ impl Qp {
     pub fn connect(&self, path: Path, c: &Connect) -> Result<()> {
         let (qpn, c) = (self.qpn, *c);
         self.ctx.call(move |dp| dp.core.connect_qp(qpn, path, &c))
+    }
+
+    /// From now on work requests come from `rings` (the verbs ABI's work
+    /// queues, posted to without the data path's help).
+    pub fn share(&self, rings: Arc<QpRings>) -> Result<()> {
+        let qpn = self.qpn;
+        self.ctx.call(move |dp| dp.core.share_qp(qpn, rings))
     }
 
     /// Sets the network path (after RTR named the peer QP).

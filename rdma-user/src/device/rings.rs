@@ -1,0 +1,298 @@
+//! Work and completion rings between the threads that post and poll (a
+//! verbs program) and the data path thread, as a NIC's queues are: a post
+//! is a check and a push, a poll is a pop. No channel round trip, no lock
+//! shared with the data path, no syscall and no allocation per call.
+//!
+//! - [`QpRings`]: a QP's send and receive queues. The poster checks the
+//!   WR (the engine's own rules, `check_send`/`check_recv`, against the
+//!   state the data path last published) and the queue depth: WRs posted
+//!   minus WRs the engine has retired, which the data path publishes before
+//!   it pushes the completions that retired them.
+//! - [`CqShared`]: a CQ's completions, and its notification: armed by
+//!   `ibv_req_notify_cq`, fired by the data path with one eventfd write to
+//!   the completion channel when the next completion arrives.
+//!
+//! The rings are crossbeam's bounded lock-free queues.
+
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+
+use crossbeam_queue::ArrayQueue;
+
+use crate::transport::{
+    check_recv, check_send, PostError, QpState, RecvWr, SendFlags, SendWr, Sge, Wc, WrOpcode,
+    MAX_INLINE, MAX_SGE,
+};
+
+/// A send WR as it crosses to the data path: everything owned.
+#[derive(Clone, Copy)]
+pub struct OwnedSendWr {
+    pub wr_id: u64,
+    pub opcode: WrOpcode,
+    pub flags: SendFlags,
+    pub sges: [Sge; MAX_SGE],
+    pub num_sge: u8,
+    pub imm: u32,
+    pub remote_addr: u64,
+    pub rkey: u32,
+    pub compare_add: u64,
+    pub swap: u64,
+    /// Inline data (copied at post time, as IBV_SEND_INLINE promises).
+    pub inline: Option<(u16, [u8; MAX_INLINE])>,
+}
+
+impl OwnedSendWr {
+    fn new(wr: &SendWr) -> OwnedSendWr {
+        let mut sges = [Sge::default(); MAX_SGE];
+        sges[..wr.sg_list.len()].copy_from_slice(wr.sg_list);
+        let inline = wr.inline.map(|d| {
+            let mut b = [0u8; MAX_INLINE];
+            b[..d.len()].copy_from_slice(d);
+            (d.len() as u16, b)
+        });
+        OwnedSendWr {
+            wr_id: wr.wr_id,
+            opcode: wr.opcode,
+            flags: wr.flags,
+            sges,
+            num_sge: wr.sg_list.len() as u8,
+            imm: wr.imm,
+            remote_addr: wr.remote_addr,
+            rkey: wr.rkey,
+            compare_add: wr.compare_add,
+            swap: wr.swap,
+            inline,
+        }
+    }
+
+    /// The engine's view of it, borrowing from `self`.
+    pub fn as_wr(&self) -> SendWr<'_> {
+        let mut w = SendWr::new(self.wr_id, self.opcode, &self.sges[..self.num_sge as usize]);
+        w.flags = self.flags;
+        w.imm = self.imm;
+        w.remote_addr = self.remote_addr;
+        w.rkey = self.rkey;
+        w.compare_add = self.compare_add;
+        w.swap = self.swap;
+        w.inline = self.inline.as_ref().map(|(n, b)| &b[..*n as usize]);
+        w
+    }
+}
+
+#[derive(Clone, Copy)]
+pub struct OwnedRecvWr {
+    pub wr_id: u64,
+    pub sges: [Sge; MAX_SGE],
+    pub num_sge: u8,
+}
+
+/// The QP states as one byte, for publishing across threads.
+const STATES: [QpState; 7] = [
+    QpState::Reset,
+    QpState::Init,
+    QpState::Rtr,
+    QpState::Rts,
+    QpState::Sqd,
+    QpState::Sqe,
+    QpState::Err,
+];
+
+/// One work queue's depth accounting.
+struct Depth {
+    cap: u64,
+    /// WRs pushed by posters.
+    posted: AtomicU64,
+    /// WRs the engine has retired (published by the data path).
+    retired: AtomicU64,
+}
+
+impl Depth {
+    fn new(cap: u32) -> Depth {
+        Depth {
+            cap: cap as u64,
+            posted: AtomicU64::new(0),
+            retired: AtomicU64::new(0),
+        }
+    }
+
+    fn has_room(&self) -> bool {
+        let posted = self.posted.load(Ordering::Relaxed);
+        posted - self.retired.load(Ordering::Acquire) < self.cap
+    }
+}
+
+/// A QP's send and receive rings; see the module docs.
+pub struct QpRings {
+    sq: ArrayQueue<OwnedSendWr>,
+    rq: ArrayQueue<OwnedRecvWr>,
+    send: Depth,
+    recv: Depth,
+    state: AtomicU8,
+}
+
+impl QpRings {
+    pub fn new(max_send_wr: u32, max_recv_wr: u32, state: QpState) -> QpRings {
+        let r = QpRings {
+            sq: ArrayQueue::new(max_send_wr.max(1) as usize),
+            rq: ArrayQueue::new(max_recv_wr.max(1) as usize),
+            send: Depth::new(max_send_wr.max(1)),
+            recv: Depth::new(max_recv_wr.max(1)),
+            state: AtomicU8::new(0),
+        };
+        r.publish_state(state);
+        r
+    }
+
+    /// The state the data path last published.
+    pub fn state(&self) -> QpState {
+        STATES[self.state.load(Ordering::Acquire) as usize % STATES.len()]
+    }
+
+    /// Posts a send WR (one poster at a time per QP: the caller serialises
+    /// its posters, as a provider's per-QP lock does).
+    pub fn post_send(&self, wr: &SendWr) -> Result<(), PostError> {
+        check_send(self.state(), wr)?;
+        if !self.send.has_room() {
+            return Err(PostError::QueueFull);
+        }
+        self.sq
+            .push(OwnedSendWr::new(wr))
+            .map_err(|_| PostError::QueueFull)?;
+        self.send.posted.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    pub fn post_recv(&self, wr: &RecvWr) -> Result<(), PostError> {
+        check_recv(self.state(), wr)?;
+        if !self.recv.has_room() {
+            return Err(PostError::QueueFull);
+        }
+        let mut sges = [Sge::default(); MAX_SGE];
+        sges[..wr.sg_list.len()].copy_from_slice(wr.sg_list);
+        self.rq
+            .push(OwnedRecvWr {
+                wr_id: wr.wr_id,
+                sges,
+                num_sge: wr.sg_list.len() as u8,
+            })
+            .map_err(|_| PostError::QueueFull)?;
+        self.recv.posted.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    // ---- the data path's side
+
+    pub fn publish_state(&self, s: QpState) {
+        let i = STATES.iter().position(|&x| x == s).unwrap_or(0);
+        self.state.store(i as u8, Ordering::Release);
+    }
+
+    /// Retired counts: WRs moved into the engine minus those still queued
+    /// there. Published before the completions are pushed.
+    pub fn publish_retired(&self, send: u64, recv: u64) {
+        self.send.retired.store(send, Ordering::Release);
+        self.recv.retired.store(recv, Ordering::Release);
+    }
+
+    pub fn pop_send(&self) -> Option<OwnedSendWr> {
+        self.sq.pop()
+    }
+
+    pub fn pop_recv(&self) -> Option<OwnedRecvWr> {
+        self.rq.pop()
+    }
+}
+
+/// A CQ's completions and notification; see the module docs.
+pub struct CqShared {
+    ring: ArrayQueue<Wc>,
+    /// Completions lost because the ring was full (a CQ overrun).
+    pub overflows: AtomicU64,
+    armed: AtomicBool,
+    /// The completion channel's eventfd, or -1.
+    event_fd: AtomicI32,
+    /// Which CQs fired, for the channel's `ibv_get_cq_event`.
+    fired: Option<Arc<ArrayQueue<usize>>>,
+    /// The poster's handle for this CQ in `fired`.
+    token: usize,
+}
+
+impl CqShared {
+    /// A CQ ring of `depth`; with a channel, its eventfd and fired queue.
+    pub fn new(
+        depth: usize,
+        channel: Option<(i32, Arc<ArrayQueue<usize>>)>,
+        token: usize,
+    ) -> CqShared {
+        let (fd, fired) = match channel {
+            Some((fd, q)) => (fd, Some(q)),
+            None => (-1, None),
+        };
+        CqShared {
+            ring: ArrayQueue::new(depth.max(1)),
+            overflows: AtomicU64::new(0),
+            armed: AtomicBool::new(false),
+            event_fd: AtomicI32::new(fd),
+            fired,
+            token,
+        }
+    }
+
+    /// Takes up to `out.len()` completions.
+    pub fn poll(&self, out: &mut [Wc]) -> usize {
+        let mut n = 0;
+        while n < out.len() {
+            match self.ring.pop() {
+                Some(w) => {
+                    out[n] = w;
+                    n += 1;
+                }
+                None => break,
+            }
+        }
+        n
+    }
+
+    pub fn len(&self) -> usize {
+        self.ring.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ring.is_empty()
+    }
+
+    /// `ibv_req_notify_cq`: the next completion raises an event. If one is
+    /// already waiting, it fires now (no completion is missed between a
+    /// poll that found nothing and the arm).
+    pub fn arm(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+        if !self.ring.is_empty() {
+            self.fire();
+        }
+    }
+
+    fn fire(&self) {
+        if !self.armed.swap(false, Ordering::SeqCst) {
+            return;
+        }
+        let fd = self.event_fd.load(Ordering::Relaxed);
+        if let (Some(q), true) = (&self.fired, fd >= 0) {
+            let _ = q.push(self.token);
+            let one: u64 = 1;
+            // SAFETY: writing 8 bytes from a local to our eventfd.
+            let _ = unsafe { libc::write(fd, &one as *const u64 as *const libc::c_void, 8) };
+        }
+    }
+
+    /// The data path's push; fires an armed notification.
+    pub fn push(&self, wc: Wc) -> bool {
+        let ok = self.ring.push(wc).is_ok();
+        if !ok {
+            self.overflows.fetch_add(1, Ordering::Relaxed);
+        }
+        if self.armed.load(Ordering::SeqCst) {
+            self.fire();
+        }
+        ok
+    }
+}

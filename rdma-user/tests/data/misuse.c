@@ -1,0 +1,205 @@
+/* Bad use of the verbs API, against the drop-in libibverbs: every call
+ * must return what rdma-core returns (NULL with errno, or an errno), and
+ * nothing may crash or hang. Built by tests/ibverbs_abi.rs with Debian's
+ * libibverbs-dev headers and run with LD_LIBRARY_PATH on our library.
+ *
+ * usage: misuse DEVICE PEER_IPV4   (the peer exists but runs no RDMA: it
+ * never answers, so sends stay outstanding and finally retry out)
+ *
+ * Prints "ok NAME" per check, "FAIL NAME ..." and exits 1 on the first
+ * that fails. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <infiniband/verbs.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static int failed;
+
+#define CHECK(name, cond, ...)                                   \
+	do {                                                     \
+		if (cond) {                                      \
+			printf("ok %s\n", name);                 \
+		} else {                                         \
+			printf("FAIL %s: ", name);               \
+			printf(__VA_ARGS__);                     \
+			printf("\n");                            \
+			exit(1);                                 \
+		}                                                \
+	} while (0)
+
+static struct ibv_qp *rc_qp(struct ibv_pd *pd, struct ibv_cq *cq, int send, int recv)
+{
+	struct ibv_qp_init_attr a = {
+		.send_cq = cq,
+		.recv_cq = cq,
+		.cap = { .max_send_wr = send, .max_recv_wr = recv, .max_send_sge = 1, .max_recv_sge = 1 },
+		.qp_type = IBV_QPT_RC,
+	};
+	return ibv_create_qp(pd, &a);
+}
+
+static int to_init(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1,
+				 .qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE };
+	return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+}
+
+/* INIT -> RTR -> RTS towards a QP of the silent peer, with a short timeout
+ * and one retry so that RETRY_EXC_ERR comes quickly. */
+static int to_rts(struct ibv_qp *qp, const char *peer)
+{
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024,
+				 .dest_qp_num = 0x11, .rq_psn = 1, .max_dest_rd_atomic = 1,
+				 .min_rnr_timer = 12 };
+	a.ah_attr.is_global = 1;
+	a.ah_attr.port_num = 1;
+	a.ah_attr.grh.sgid_index = 1;
+	a.ah_attr.grh.hop_limit = 64;
+	memset(a.ah_attr.grh.dgid.raw, 0, 16);
+	a.ah_attr.grh.dgid.raw[10] = 0xff;
+	a.ah_attr.grh.dgid.raw[11] = 0xff;
+	inet_pton(AF_INET, peer, &a.ah_attr.grh.dgid.raw[12]);
+	int r = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+				      IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+	if (r)
+		return r;
+	struct ibv_qp_attr b = { .qp_state = IBV_QPS_RTS, .timeout = 8, .retry_cnt = 1,
+				 .rnr_retry = 1, .sq_psn = 1, .max_rd_atomic = 1 };
+	return ibv_modify_qp(qp, &b, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+				     IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+/* Polls until a completion arrives or 20 s pass. */
+static int wait_wc(struct ibv_cq *cq, struct ibv_wc *wc)
+{
+	time_t end = time(NULL) + 20;
+	while (time(NULL) < end) {
+		int n = ibv_poll_cq(cq, 1, wc);
+		if (n)
+			return n;
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc != 3) {
+		fprintf(stderr, "usage: misuse DEVICE PEER_IPV4\n");
+		return 2;
+	}
+	int num;
+	struct ibv_device **list = ibv_get_device_list(&num);
+	struct ibv_device *dev = NULL;
+	for (int i = 0; i < num; i++)
+		if (!strcmp(ibv_get_device_name(list[i]), argv[1]))
+			dev = list[i];
+	CHECK("device", dev != NULL, "no device %s", argv[1]);
+	struct ibv_context *ctx = ibv_open_device(dev);
+	CHECK("open", ctx != NULL, "errno %d", errno);
+
+	/* A destroyed or foreign object. */
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	CHECK("alloc_pd", pd != NULL, "errno %d", errno);
+	struct ibv_pd *gone = ibv_alloc_pd(ctx);
+	CHECK("dealloc_pd", ibv_dealloc_pd(gone) == 0, "");
+	CHECK("dealloc_pd twice is EINVAL", ibv_dealloc_pd(gone) == EINVAL, "");
+	char buf[4096], other[64];
+	errno = 0;
+	CHECK("reg_mr on a freed PD is NULL/EINVAL", !ibv_reg_mr(gone, buf, sizeof buf, 0) && errno == EINVAL,
+	      "errno %d", errno);
+	struct ibv_pd foreign = { .context = ctx };
+	CHECK("dealloc_pd of a foreign PD is EINVAL", ibv_dealloc_pd(&foreign) == EINVAL, "");
+	errno = 0;
+	CHECK("reg_mr with remote write but no local write is EINVAL",
+	      !ibv_reg_mr(pd, buf, sizeof buf, IBV_ACCESS_REMOTE_WRITE) && errno == EINVAL, "errno %d", errno);
+
+	struct ibv_mr *mr = ibv_reg_mr(pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE);
+	CHECK("reg_mr", mr != NULL, "errno %d", errno);
+	struct ibv_cq *cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
+	CHECK("create_cq", cq != NULL, "errno %d", errno);
+	errno = 0;
+	CHECK("create_cq with 0 entries is NULL/EINVAL", !ibv_create_cq(ctx, 0, NULL, NULL, 0) && errno == EINVAL,
+	      "errno %d", errno);
+	struct ibv_qp *qp = rc_qp(pd, cq, 2, 4);
+	CHECK("create_qp", qp != NULL, "errno %d", errno);
+	CHECK("destroy_cq in use is EBUSY", ibv_destroy_cq(cq) == EBUSY, "");
+	struct ibv_qp foreign_qp = { .context = ctx };
+	CHECK("destroy_qp of a foreign QP is EINVAL", ibv_destroy_qp(&foreign_qp) == EINVAL, "");
+
+	/* A QP in the wrong state. */
+	struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = 64, .lkey = mr->lkey };
+	struct ibv_send_wr swr = { .wr_id = 1, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
+				   .send_flags = IBV_SEND_SIGNALED }, *bad = NULL;
+	CHECK("post_send in RESET is EINVAL", ibv_post_send(qp, &swr, &bad) == EINVAL && bad == &swr, "");
+	struct ibv_recv_wr rwr = { .wr_id = 2, .sg_list = &sge, .num_sge = 1 }, *rbad = NULL;
+	CHECK("post_recv in RESET is EINVAL", ibv_post_recv(qp, &rwr, &rbad) == EINVAL, "");
+	struct ibv_qp_attr rts = { .qp_state = IBV_QPS_RTS };
+	CHECK("RESET -> RTS is EINVAL", ibv_modify_qp(qp, &rts, IBV_QP_STATE) == EINVAL, "");
+	CHECK("RESET -> INIT", to_init(qp) == 0, "");
+	CHECK("qp->state follows", qp->state == IBV_QPS_INIT, "state %d", qp->state);
+	CHECK("post_send in INIT is EINVAL", ibv_post_send(qp, &swr, &bad) == EINVAL, "");
+
+	/* WRs beyond the queue depth. */
+	for (int i = 0; i < 4; i++)
+		CHECK("post_recv within depth", ibv_post_recv(qp, &rwr, &rbad) == 0, "at %d", i);
+	CHECK("post_recv beyond depth is ENOMEM", ibv_post_recv(qp, &rwr, &rbad) == ENOMEM, "");
+	CHECK("INIT -> RTR -> RTS", to_rts(qp, argv[2]) == 0, "errno %d", errno);
+	CHECK("post_send", ibv_post_send(qp, &swr, &bad) == 0, "");
+	swr.wr_id = 3;
+	CHECK("post_send", ibv_post_send(qp, &swr, &bad) == 0, "");
+	CHECK("post_send beyond depth is ENOMEM", ibv_post_send(qp, &swr, &bad) == ENOMEM, "");
+
+	/* Nobody answers: the sends retry out, then everything flushes. */
+	struct ibv_wc wc;
+	CHECK("a completion arrives", wait_wc(cq, &wc) == 1, "none in 20 s");
+	CHECK("RETRY_EXC_ERR", wc.status == IBV_WC_RETRY_EXC_ERR && wc.wr_id == 1, "status %d (%s) wr_id %llu",
+	      wc.status, ibv_wc_status_str(wc.status), (unsigned long long)wc.wr_id);
+	int flushed = 0;
+	while (wait_wc(cq, &wc) == 1 && wc.status == IBV_WC_WR_FLUSH_ERR)
+		if (++flushed == 5)
+			break;
+	CHECK("the rest flushes (1 send, 4 receives)", flushed == 5, "%d flushed, last status %d", flushed,
+	      wc.status);
+	CHECK("destroy_qp", ibv_destroy_qp(qp) == 0, "");
+
+	/* An SGE outside its MR: a local protection error, nothing written. */
+	qp = rc_qp(pd, cq, 4, 4);
+	CHECK("create_qp", qp != NULL && to_init(qp) == 0 && to_rts(qp, argv[2]) == 0, "");
+	struct ibv_sge out = { .addr = (uintptr_t)buf + 4000, .length = 200, .lkey = mr->lkey };
+	struct ibv_send_wr owr = { .wr_id = 7, .sg_list = &out, .num_sge = 1, .opcode = IBV_WR_SEND,
+				   .send_flags = IBV_SEND_SIGNALED };
+	CHECK("post_send with an SGE past the MR", ibv_post_send(qp, &owr, &bad) == 0, "");
+	CHECK("it completes", wait_wc(cq, &wc) == 1, "none in 20 s");
+	CHECK("LOC_PROT_ERR", wc.status == IBV_WC_LOC_PROT_ERR && wc.wr_id == 7, "status %d (%s)", wc.status,
+	      ibv_wc_status_str(wc.status));
+	CHECK("destroy_qp", ibv_destroy_qp(qp) == 0, "");
+
+	/* Dereg of an MR a posted WR still uses: it goes at once; the WR can
+	 * no longer reach the memory and completes with an error. */
+	struct ibv_mr *mr2 = ibv_reg_mr(pd, other, sizeof other, IBV_ACCESS_LOCAL_WRITE);
+	qp = rc_qp(pd, cq, 4, 4);
+	CHECK("create_qp", mr2 && qp && to_init(qp) == 0 && to_rts(qp, argv[2]) == 0, "");
+	struct ibv_sge s2 = { .addr = (uintptr_t)other, .length = sizeof other, .lkey = mr2->lkey };
+	struct ibv_send_wr w2 = { .wr_id = 9, .sg_list = &s2, .num_sge = 1, .opcode = IBV_WR_SEND,
+				  .send_flags = IBV_SEND_SIGNALED };
+	CHECK("post_send", ibv_post_send(qp, &w2, &bad) == 0, "");
+	CHECK("dereg_mr of an MR in use", ibv_dereg_mr(mr2) == 0, "");
+	CHECK("the WR completes", wait_wc(cq, &wc) == 1, "none in 20 s");
+	CHECK("with an error, not success", wc.wr_id == 9 && wc.status != IBV_WC_SUCCESS, "status %d",
+	      wc.status);
+	printf("dereg in use: %s\n", ibv_wc_status_str(wc.status));
+	CHECK("destroy_qp", ibv_destroy_qp(qp) == 0, "");
+
+	CHECK("dereg_mr", ibv_dereg_mr(mr) == 0, "");
+	CHECK("dereg_mr twice is EINVAL", ibv_dereg_mr(mr) == EINVAL, "");
+	CHECK("destroy_cq", ibv_destroy_cq(cq) == 0, "");
+	CHECK("dealloc_pd", ibv_dealloc_pd(pd) == 0, "");
+	CHECK("close_device", ibv_close_device(ctx) == 0, "");
+	ibv_free_device_list(list);
+	printf("all ok\n");
+	return failed;
+}
