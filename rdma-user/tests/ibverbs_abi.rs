@@ -345,3 +345,32 @@ fn a_peer_killed_mid_transfer_ends_in_retry_exceeded() {
     // perftest's report of a completion with IBV_WC_RETRY_EXC_ERR (12).
     assert!(text.contains("Failed status 12"), "{text}");
 }
+
+#[test]
+fn a_second_program_on_the_interface_is_told_who_holds_it() {
+    library();
+    let _g = lab::serial();
+    let lab = lab::Lab::new(1500);
+    // rc_pingpong's server opens its device and PD, then waits for a client.
+    let first = lab.spawn(0, &["exec", "--", "ibv_rc_pingpong", "-g", "1"]);
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let pid = first.id();
+    let second = lab.exec(
+        0,
+        lab::BIN,
+        &["exec", "--", "ibv_rc_pingpong", "-g", "1", "-p", "18516"],
+    );
+    let up = lab.exec(0, lab::BIN, &["up", "--dev", &lab.dev[0]]);
+    let _ = Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status();
+    let _ = lab::wait_timeout(first, std::time::Duration::from_secs(5));
+    for (who, out) in [("a second program", &second), ("a daemon", &up)] {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{who} started");
+        assert!(
+            err.contains(&format!("in use by pid {pid} (ibv_rc_pingpon")),
+            "{who}: {err}"
+        );
+    }
+}

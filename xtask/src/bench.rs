@@ -121,6 +121,22 @@ pub(crate) fn bench(quick: bool) -> Result<()> {
             ),
         }
     }
+    // Unmodified perftest over the drop-in libibverbs, in the same run:
+    // each tool with the library's data path thread spinning and adaptive.
+    ibverbs_so::build(&root(), true)?;
+    for (tool, size, n) in [
+        ("write_lat", 2, lat_n),
+        ("send_lat", 2, lat_n),
+        ("write_bw", 65536, "2000"),
+    ] {
+        for polling in ["spin", "adaptive"] {
+            eprintln!("[lib] ib_{tool} -s {size} -n {n} (data path {polling})");
+            match perftest_over_library(&bin, &ns, &addrs, tool, size, n, polling) {
+                Ok(v) => records.push(v),
+                Err(e) => eprintln!("   failed: {e:#}"),
+            }
+        }
+    }
     eprintln!("[{total}/{total}] engine microbenchmark");
     let ej = out_dir.join("engine.json");
     let n = if quick { "200000" } else { "2000000" };
@@ -141,6 +157,68 @@ pub(crate) fn bench(quick: bool) -> Result<()> {
     println!("{md}");
     println!("wrote target/bench/results.json and target/bench/summary.md");
     Ok(())
+}
+
+/// One perftest run (server in namespace 1 on CPU 1, client in namespace 0
+/// on CPU 0, both through `rdma-xdp exec`), as a record like bench's:
+/// test `lib_<tool>_<polling>`.
+fn perftest_over_library(
+    bin: &std::path::Path,
+    ns: &[String; 2],
+    addrs: &[&str; 2],
+    tool: &str,
+    size: u64,
+    n: &str,
+    polling: &str,
+) -> Result<Value> {
+    let run = |i: usize, server: Option<&str>| {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &ns[i], "taskset", "-c", &i.to_string()])
+            .arg(bin)
+            .args(["exec", "--", &format!("ib_{tool}"), "-x", "1", "-s"])
+            .arg(size.to_string())
+            .args(["-n", n])
+            .args(server)
+            .env("RDMA_XDP_POLLING", polling)
+            .env("RDMA_XDP_CPU", i.to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    };
+    let mut server = run(1, None).spawn()?;
+    std::thread::sleep(Duration::from_millis(1500));
+    let client = run(0, Some(addrs[1])).output()?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline && server.try_wait()?.is_none() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+    let text = String::from_utf8_lossy(&client.stdout);
+    let f: Vec<f64> = text
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(&size.to_string()))
+        .map(|l| {
+            l.split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect()
+        })
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "no result line: {}",
+                String::from_utf8_lossy(&client.stderr).trim()
+            )
+        })?;
+    let test = format!("lib_{tool}_{polling}");
+    Ok(if tool.ends_with("_lat") {
+        serde_json::json!({"test": test, "bytes": size, "iters": f.get(1),
+            "t_typical_us": f.get(4), "t_avg_us": f.get(5), "p99_us": f.get(7)})
+    } else {
+        // perftest's MB/sec is 2^20 bytes a second.
+        let gbps = f.get(3).map(|mb| mb * 1048576.0 * 8.0 / 1e9);
+        serde_json::json!({"test": test, "bytes": size, "iters": f.get(1),
+            "bw_avg_gbps": gbps, "msg_rate_mpps": f.get(4)})
+    })
 }
 
 pub(crate) fn find<'a>(r: &'a [Value], test: &str, bytes: u64) -> Option<&'a Value> {
@@ -226,6 +304,36 @@ pub(crate) fn summary(r: &[Value]) -> String {
             b.map(|x| format!("{x:.2}")).unwrap_or("-".into()),
             ratio(a, b)
         );
+    }
+    for polling in ["spin", "adaptive"] {
+        let lib = |t: &str| format!("lib_{t}_{polling}");
+        for (name, a, b, goal) in [
+            (
+                format!("unmodified ib_write_lat 2 B over libibverbs ({polling}) / rdma-xdp bench write_lat 2 B"),
+                tt(&lib("write_lat"), 2),
+                tt("write_lat", 2),
+                "<= 1.1",
+            ),
+            (
+                format!("unmodified ib_send_lat 2 B over libibverbs ({polling}) / rdma-xdp bench send_lat 2 B"),
+                tt(&lib("send_lat"), 2),
+                tt("send_lat", 2),
+                "<= 1.1",
+            ),
+            (
+                format!("unmodified ib_write_bw 65536 B over libibverbs ({polling}) / rdma-xdp bench write_bw 65536 B"),
+                bw(&lib("write_bw"), 65536),
+                bw("write_bw", 65536),
+                ">= 0.9",
+            ),
+        ] {
+            s += &format!(
+                "| {name} | {} / {} | {} | {goal} |\n",
+                a.map(|x| format!("{x:.2}")).unwrap_or("-".into()),
+                b.map(|x| format!("{x:.2}")).unwrap_or("-".into()),
+                ratio(a, b)
+            );
+        }
     }
     if let Some(e) = find(r, "engine_write_64", 64) {
         let m = |k: &str| {

@@ -19,7 +19,7 @@ use crate::io::xsk::{SharedMem, Xsk};
 use crate::memory::{Access, Backing, MrTable};
 use crate::transport::{Nanos, QpAttr, QpCap, QpEngine, QpState, RecvWr, SendWr, Wc, WcOpcode};
 
-use super::rings::{CqShared, QpRings};
+use super::rings::{CqShared, Doorbell, QpRings};
 use crate::wire::{
     ipv4_mapped_gid, udp_sport_for_qps, EthernetRepr, IpRepr, Ipv4Repr, Ipv6Repr, RoceRepr,
     TransportRepr, UdpRepr, WireError, ETH_P_IPV4, ETH_P_IPV6, ICRC_LEN, IPPROTO_UDP,
@@ -284,6 +284,8 @@ pub struct Core {
     rng: u64,
     rr: usize,
     qp_order: Vec<u32>,
+    /// Rung by posters and control calls while the thread waits.
+    pub doorbell: Option<Arc<Doorbell>>,
 }
 
 pub struct DataPath {
@@ -322,6 +324,7 @@ impl Core {
             rng: seed,
             rr: 0,
             qp_order: Vec::new(),
+            doorbell: None,
         }
     }
 
@@ -509,10 +512,20 @@ impl Core {
     pub fn share_qp(&mut self, qpn: u32, rings: Arc<QpRings>) -> Result<()> {
         let slot = self.qps.get_mut(&qpn).ok_or(DeviceError::NoQp(qpn))?;
         rings.publish_state(slot.qp.state());
+        if let Some(d) = &self.doorbell {
+            rings.set_doorbell(d.clone());
+        }
         slot.moved_send = slot.qp.send_queue_len() as u64;
         slot.moved_recv = slot.qp.recv_queue_len() as u64;
         slot.rings = Some(rings);
         Ok(())
+    }
+
+    /// Work waits in a shared ring (checked once more before sleeping).
+    pub fn rings_have_work(&self) -> bool {
+        self.qps
+            .values()
+            .any(|s| s.rings.as_ref().is_some_and(|r| r.has_work()))
     }
 
     /// Moves posted WRs from the shared rings into the engines; true if
@@ -764,6 +777,35 @@ impl Backoff {
         } else {
             std::hint::spin_loop();
         }
+    }
+
+    /// Like `after_poll`, but an idle thread waits in poll(2) on `fds` (the
+    /// AF_XDP sockets and the doorbell) instead of sleeping blind: a frame
+    /// or a post wakes it at once. `work_waiting` is the last check after
+    /// the doorbell knows we sleep.
+    pub fn after_poll_waiting(
+        &mut self,
+        now: Nanos,
+        work: bool,
+        next: Option<Nanos>,
+        fds: &mut [libc::pollfd],
+        doorbell: &Doorbell,
+        work_waiting: impl FnOnce() -> bool,
+    ) {
+        if work || !self.adaptive || self.idle <= 256 {
+            return self.after_poll(now, work, next);
+        }
+        self.idle = self.idle.saturating_add(1);
+        let mut ms: i32 = 1 << (self.idle / 1024).min(4);
+        if let Some(t) = next {
+            ms = ms.min((t.saturating_sub(now) / 1_000_000) as i32);
+        }
+        doorbell.going_to_sleep();
+        if !work_waiting() && ms > 0 {
+            // SAFETY: fds is a valid array of pollfd for its length.
+            unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        }
+        doorbell.woke();
     }
 }
 

@@ -14,8 +14,8 @@
 //!
 //! The rings are crossbeam's bounded lock-free queues.
 
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{fence, AtomicBool, AtomicI32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use crossbeam_queue::ArrayQueue;
 
@@ -23,6 +23,66 @@ use crate::transport::{
     check_recv, check_send, PostError, QpState, RecvWr, SendFlags, SendWr, Sge, Wc, WrOpcode,
     MAX_INLINE, MAX_SGE,
 };
+
+/// Wakes the data path thread when it waits for work (adaptive polling):
+/// an eventfd it polls beside its AF_XDP sockets. Posters ring it only
+/// while the thread says it sleeps, so a busy data path costs no syscall.
+pub struct Doorbell {
+    fd: i32,
+    sleeping: AtomicBool,
+}
+
+impl Doorbell {
+    pub fn new() -> std::io::Result<Doorbell> {
+        // SAFETY: eventfd takes no pointers.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Doorbell {
+            fd,
+            sleeping: AtomicBool::new(false),
+        })
+    }
+
+    pub fn fd(&self) -> i32 {
+        self.fd
+    }
+
+    /// After new work was published: wake the thread if it sleeps. The
+    /// fence pairs with the one in `going_to_sleep` (either the thread
+    /// sees the work, or we see it sleeping).
+    pub fn ring(&self) {
+        fence(Ordering::SeqCst);
+        if self.sleeping.load(Ordering::Relaxed) {
+            let one: u64 = 1;
+            // SAFETY: 8 bytes from a local to our eventfd.
+            let _ = unsafe { libc::write(self.fd, &one as *const u64 as *const libc::c_void, 8) };
+        }
+    }
+
+    /// The thread is about to wait; it must check for work once more after
+    /// this and before waiting.
+    pub fn going_to_sleep(&self) {
+        self.sleeping.store(true, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+    }
+
+    /// The thread is awake again; clears a pending ring.
+    pub fn woke(&self) {
+        self.sleeping.store(false, Ordering::Relaxed);
+        let mut v: u64 = 0;
+        // SAFETY: reading 8 bytes into a local from our non-blocking eventfd.
+        let _ = unsafe { libc::read(self.fd, &mut v as *mut u64 as *mut libc::c_void, 8) };
+    }
+}
+
+impl Drop for Doorbell {
+    fn drop(&mut self) {
+        // SAFETY: our fd, closed once.
+        unsafe { libc::close(self.fd) };
+    }
+}
 
 /// A send WR as it crosses to the data path: everything owned.
 #[derive(Clone, Copy)]
@@ -128,6 +188,8 @@ pub struct QpRings {
     send: Depth,
     recv: Depth,
     state: AtomicU8,
+    /// The data path's, set when the rings are handed to it.
+    doorbell: OnceLock<Arc<Doorbell>>,
 }
 
 impl QpRings {
@@ -138,6 +200,7 @@ impl QpRings {
             send: Depth::new(max_send_wr.max(1)),
             recv: Depth::new(max_recv_wr.max(1)),
             state: AtomicU8::new(0),
+            doorbell: OnceLock::new(),
         };
         r.publish_state(state);
         r
@@ -159,7 +222,23 @@ impl QpRings {
             .push(OwnedSendWr::new(wr))
             .map_err(|_| PostError::QueueFull)?;
         self.send.posted.fetch_add(1, Ordering::Relaxed);
+        self.wake();
         Ok(())
+    }
+
+    fn wake(&self) {
+        if let Some(d) = self.doorbell.get() {
+            d.ring();
+        }
+    }
+
+    /// Work waits in a ring (the data path's last check before it sleeps).
+    pub fn has_work(&self) -> bool {
+        !self.sq.is_empty() || !self.rq.is_empty()
+    }
+
+    pub fn set_doorbell(&self, d: Arc<Doorbell>) {
+        let _ = self.doorbell.set(d);
     }
 
     pub fn post_recv(&self, wr: &RecvWr) -> Result<(), PostError> {
@@ -177,6 +256,7 @@ impl QpRings {
             })
             .map_err(|_| PostError::QueueFull)?;
         self.recv.posted.fetch_add(1, Ordering::Relaxed);
+        self.wake();
         Ok(())
     }
 

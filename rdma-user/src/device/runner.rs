@@ -42,10 +42,12 @@ pub fn take_lock(iface: &str) -> Result<File> {
     // SAFETY: flock on an fd we own.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         let pid = std::fs::read_to_string(&path).unwrap_or_default();
+        let pid = pid.trim();
+        // Name the holder: an `rdma-xdp up` daemon or a verbs program.
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
         bail!(
-            "a daemon is already running on {iface} (pid {}); stop it first (Ctrl-C or kill {})",
-            pid.trim(),
-            pid.trim()
+            "{iface} is in use by pid {pid} ({}): one program per interface; stop it first (Ctrl-C or kill {pid})",
+            comm.trim()
         );
     }
     f.set_len(0)?;
@@ -100,13 +102,35 @@ pub fn data_path_loop(
         pin_to_cpu(c);
     }
     let mut backoff = Backoff::new(adaptive);
+    // With a doorbell, an idle thread waits in poll(2) on the sockets and
+    // the doorbell (set up once: no allocation in the loop).
+    let doorbell = dp.core.doorbell.clone();
+    let mut fds: Vec<libc::pollfd> = dp
+        .xsks
+        .iter()
+        .map(|x| x.fd())
+        .chain(doorbell.as_ref().map(|d| d.fd()))
+        .map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
     while !stop.load(Ordering::Relaxed) {
         while let Ok(job) = jobs.try_recv() {
             job(&mut dp);
             backoff.reset();
         }
         let (work, next) = dp.poll();
-        backoff.after_poll(dp.now(), work, next);
+        match &doorbell {
+            Some(d) => {
+                let core = &dp.core;
+                backoff.after_poll_waiting(dp.now(), work, next, &mut fds, d, || {
+                    core.rings_have_work()
+                });
+            }
+            None => backoff.after_poll(dp.now(), work, next),
+        }
     }
     dp
 }

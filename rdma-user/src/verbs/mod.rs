@@ -15,7 +15,7 @@ use std::thread::JoinHandle;
 
 use crate::device::datapath::{Connect, DataPath, Path};
 use crate::device::error::DeviceError;
-use crate::device::rings::{CqShared, QpRings};
+use crate::device::rings::{CqShared, Doorbell, QpRings};
 use crate::device::runner::{data_path_loop, Job};
 use crate::device::standalone::{Attachment, Standalone};
 use crate::io::xdp::XdpMode;
@@ -102,6 +102,8 @@ struct Inner {
     attachment: Option<Attachment>,
     iface: String,
     mac: [u8; 6],
+    /// Wakes the data path thread for a job.
+    doorbell: Arc<Doorbell>,
 }
 
 impl Drop for Inner {
@@ -109,6 +111,7 @@ impl Drop for Inner {
         // No handle is left to post or poll: stop the data path, then
         // detach (field order would drop the attachment first).
         self.stop.store(true, Ordering::Relaxed);
+        self.doorbell.ring();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -128,7 +131,11 @@ impl Context {
         let dev = Standalone::open(iface, XdpMode::Auto, true)
             .map_err(|e| Error::Open(format!("{e:#}")))?;
         let mac = dev.mac;
-        let (dp, attachment) = dev.split();
+        let (mut dp, attachment) = dev.split();
+        let doorbell = Arc::new(
+            Doorbell::new().map_err(|e| Error::Open(format!("create the doorbell: {e}")))?,
+        );
+        dp.core.doorbell = Some(doorbell.clone());
         let stop = Arc::new(AtomicBool::new(false));
         let (jtx, jrx) = mpsc::channel::<Job>();
         let thread = {
@@ -147,6 +154,7 @@ impl Context {
                 attachment: Some(attachment),
                 iface: iface.to_string(),
                 mac,
+                doorbell,
             }),
         })
     }
@@ -169,6 +177,7 @@ impl Context {
             let _ = tx.send(f(dp).map_err(Into::into));
         });
         self.inner.jobs.send(job).map_err(|_| Error::Stopped)?;
+        self.inner.doorbell.ring();
         rx.recv().map_err(|_| Error::Stopped)?
     }
 
