@@ -247,7 +247,10 @@ fn second_up_refuses_and_sigterm_detaches() {
     let out = lab.exec(0, BIN, &["up", "--iface", &lab.dev[0].clone()]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("already running"), "{err}");
+    assert!(
+        err.contains("is in use by pid") && err.contains("(rdma-xdp)"),
+        "{err}"
+    );
     assert_eq!(err.trim().lines().count(), 1, "one clear line: {err}");
     assert!(lab.xdp_attached(0));
     let log = lab.stop(0);
