@@ -63,6 +63,24 @@ impl Live {
             .contains(&(p as usize))
             .then(|| unsafe { &*(p as *const T) })
     }
+
+    /// Destroys a live object: `release` undoes it in the data path (an
+    /// errno leaves it as it was); then it leaves the live set and is freed,
+    /// once, even if two threads destroy it at the same time.
+    fn destroy<T, C>(&self, p: *mut C, release: impl FnOnce(&T) -> Result<(), c_int>) -> c_int {
+        let Some(o) = self.get::<T, C>(p) else {
+            return libc::EINVAL;
+        };
+        if let Err(e) = release(o) {
+            return e;
+        }
+        if !self.remove(p) {
+            return libc::EINVAL;
+        }
+        // SAFETY: it was a live Box<T> and this call took it out of the set.
+        drop(unsafe { Box::from_raw(p as *mut T) });
+        0
+    }
 }
 
 static PDS: Live = Live::new();
@@ -175,12 +193,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
 /// `pd` is a PD pointer.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
-    if PDS.get::<Pd, _>(pd).is_none() || !PDS.remove(pd) {
-        return libc::EINVAL;
-    }
-    // SAFETY: it was live and is now out of the set: freed once.
-    drop(unsafe { Box::from_raw(pd as *mut Pd) });
-    0
+    PDS.destroy::<Pd, _>(pd, |_| Ok(()))
 }
 
 fn access_of(flags: c_int) -> Result<Access, c_int> {
@@ -275,19 +288,10 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     guard(libc::EIO, || {
-        let Some(m) = MRS.get::<Mr, _>(mr) else {
-            return libc::EINVAL;
-        };
-        let inner = m.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(i) = inner {
-            if let Err(e) = i.dereg() {
-                return e.errno();
-            }
-        }
-        MRS.remove(mr);
-        // SAFETY: it was live and is now out of the set: freed once.
-        drop(unsafe { Box::from_raw(mr as *mut Mr) });
-        0
+        MRS.destroy::<Mr, _>(mr, |m| {
+            let inner = m.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
+            inner.map_or(Ok(()), |i| i.dereg().map_err(|e| e.errno()))
+        })
     })
 }
 
@@ -321,19 +325,14 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
 /// `channel` is a channel pointer.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
-    let Some(ch) = CHANNELS.get::<Channel, _>(channel) else {
-        return libc::EINVAL;
-    };
-    if ch.ch.refcnt > 0 {
-        return libc::EBUSY;
-    }
-    CHANNELS.remove(channel);
-    // SAFETY: our eventfd; the box was live and is freed once.
-    unsafe {
-        libc::close(ch.ch.fd);
-        drop(Box::from_raw(channel as *mut Channel));
-    }
-    0
+    CHANNELS.destroy::<Channel, _>(channel, |ch| {
+        if ch.ch.refcnt > 0 {
+            return Err(libc::EBUSY);
+        }
+        // SAFETY: our eventfd, closed once (the channel goes with it).
+        unsafe { libc::close(ch.ch.fd) };
+        Ok(())
+    })
 }
 
 /// # Safety
@@ -408,26 +407,19 @@ pub unsafe extern "C" fn ibv_create_cq(
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     guard(libc::EIO, || {
-        let Some(c) = CQS.get::<Cq, _>(cq) else {
-            return libc::EINVAL;
-        };
-        let mut inner = c.inner.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(i) = inner.as_ref() {
-            // On EBUSY the CQ stays as it was.
-            if let Err(e) = i.destroy() {
-                return e.errno();
+        CQS.destroy::<Cq, _>(cq, |c| {
+            let mut inner = c.inner.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(i) = inner.as_ref() {
+                // On EBUSY the CQ stays as it was.
+                i.destroy().map_err(|e| e.errno())?;
             }
-        }
-        inner.take();
-        drop(inner);
-        CQS.remove(cq);
-        if !c.cq.channel.is_null() {
-            // SAFETY: a channel with CQs cannot be destroyed (refcnt).
-            unsafe { (*c.cq.channel).refcnt -= 1 };
-        }
-        // SAFETY: it was live and is now out of the set: freed once.
-        drop(unsafe { Box::from_raw(cq as *mut Cq) });
-        0
+            inner.take();
+            if !c.cq.channel.is_null() {
+                // SAFETY: a channel with CQs cannot be destroyed (refcnt).
+                unsafe { (*c.cq.channel).refcnt -= 1 };
+            }
+            Ok(())
+        })
     })
 }
 
@@ -674,18 +666,10 @@ pub unsafe extern "C" fn ibv_create_qp(
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     guard(libc::EIO, || {
-        let Some(q) = QPS.get::<Qp, _>(qp) else {
-            return libc::EINVAL;
-        };
-        if let Some(i) = q.inner.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            if let Err(e) = i.destroy() {
-                return e.errno();
-            }
-        }
-        QPS.remove(qp);
-        // SAFETY: it was live and is now out of the set: freed once.
-        drop(unsafe { Box::from_raw(qp as *mut Qp) });
-        0
+        QPS.destroy::<Qp, _>(qp, |q| {
+            let inner = q.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
+            inner.map_or(Ok(()), |i| i.destroy().map_err(|e| e.errno()))
+        })
     })
 }
 
