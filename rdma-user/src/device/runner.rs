@@ -101,6 +101,19 @@ pub fn data_path_loop(
     if let Some(c) = cpu {
         pin_to_cpu(c);
     }
+    // RDMA_XDP_FIFO=1: the thread runs SCHED_FIFO (priority 1), so a frame
+    // or a post that wakes it preempts a program thread spinning on the
+    // same core at once instead of at the scheduler's next decision.
+    if std::env::var_os("RDMA_XDP_FIFO").is_some() {
+        let p = libc::sched_param { sched_priority: 1 };
+        // SAFETY: setting this thread's own policy from a local param.
+        if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) } != 0 {
+            log::warn!(
+                "RDMA_XDP_FIFO: cannot make the data path SCHED_FIFO: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
     let mut backoff = Backoff::new(adaptive);
     // With a doorbell, an idle thread waits in poll(2) on the sockets and
     // the doorbell (set up once: no allocation in the loop).
