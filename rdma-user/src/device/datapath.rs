@@ -534,33 +534,23 @@ impl Core {
     pub fn pump_rings(&mut self) -> bool {
         let mut any = false;
         for slot in self.qps.values_mut() {
-            let Some(r) = slot.rings.clone() else {
+            let Some(r) = slot.rings.as_deref() else {
                 continue;
             };
-            let mut moved = false;
+            let before = (slot.moved_send, slot.moved_recv);
             while let Some(w) = r.pop_recv() {
-                let sg = &w.sges[..w.num_sge as usize];
-                if slot
-                    .qp
-                    .post_recv(&RecvWr {
-                        wr_id: w.wr_id,
-                        sg_list: sg,
-                    })
-                    .is_err()
-                {
+                if slot.qp.post_recv(&w.as_wr()).is_err() {
                     slot.qp.push_error_wc(w.wr_id, WcOpcode::Recv);
                 }
                 slot.moved_recv += 1;
-                moved = true;
             }
             while let Some(w) = r.pop_send() {
                 if slot.qp.post_send(&w.as_wr()).is_err() {
                     slot.qp.push_error_wc(w.wr_id, WcOpcode::Send);
                 }
                 slot.moved_send += 1;
-                moved = true;
             }
-            if moved {
+            if (slot.moved_send, slot.moved_recv) != before {
                 Self::drain_wcs(slot, &mut self.cqs, &mut self.stats);
                 any = true;
             }

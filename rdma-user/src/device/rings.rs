@@ -14,7 +14,7 @@
 //!
 //! The rings are crossbeam's bounded lock-free queues.
 
-use std::sync::atomic::{fence, AtomicBool, AtomicI32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crossbeam_queue::ArrayQueue;
@@ -102,15 +102,25 @@ pub struct OwnedSendWr {
 }
 
 impl OwnedSendWr {
-    fn new(wr: &SendWr) -> OwnedSendWr {
+    /// An owned copy; refuses what does not fit (more SGEs or inline bytes
+    /// than a WR carries), as the engine would.
+    pub fn new(wr: &SendWr) -> Result<OwnedSendWr, PostError> {
+        if wr.sg_list.len() > MAX_SGE {
+            return Err(PostError::TooManySge);
+        }
+        // The engine ignores inline data on READs and atomics; so does the copy.
+        let inline = wr.inline.filter(|_| !wr.opcode.is_rd_atomic());
+        if inline.is_some_and(|d| d.len() > MAX_INLINE) {
+            return Err(PostError::InlineTooLong);
+        }
         let mut sges = [Sge::default(); MAX_SGE];
         sges[..wr.sg_list.len()].copy_from_slice(wr.sg_list);
-        let inline = wr.inline.map(|d| {
+        let inline = inline.map(|d| {
             let mut b = [0u8; MAX_INLINE];
             b[..d.len()].copy_from_slice(d);
             (d.len() as u16, b)
         });
-        OwnedSendWr {
+        Ok(OwnedSendWr {
             wr_id: wr.wr_id,
             opcode: wr.opcode,
             flags: wr.flags,
@@ -122,7 +132,7 @@ impl OwnedSendWr {
             compare_add: wr.compare_add,
             swap: wr.swap,
             inline,
-        }
+        })
     }
 
     /// The engine's view of it, borrowing from `self`.
@@ -139,11 +149,34 @@ impl OwnedSendWr {
     }
 }
 
+/// A receive WR as it crosses to the data path.
 #[derive(Clone, Copy)]
 pub struct OwnedRecvWr {
     pub wr_id: u64,
     pub sges: [Sge; MAX_SGE],
     pub num_sge: u8,
+}
+
+impl OwnedRecvWr {
+    pub fn new(wr: &RecvWr) -> Result<OwnedRecvWr, PostError> {
+        if wr.sg_list.len() > MAX_SGE {
+            return Err(PostError::TooManySge);
+        }
+        let mut sges = [Sge::default(); MAX_SGE];
+        sges[..wr.sg_list.len()].copy_from_slice(wr.sg_list);
+        Ok(OwnedRecvWr {
+            wr_id: wr.wr_id,
+            sges,
+            num_sge: wr.sg_list.len() as u8,
+        })
+    }
+
+    pub fn as_wr(&self) -> RecvWr<'_> {
+        RecvWr {
+            wr_id: self.wr_id,
+            sg_list: &self.sges[..self.num_sge as usize],
+        }
+    }
 }
 
 /// The QP states as one byte, for publishing across threads.
@@ -219,7 +252,7 @@ impl QpRings {
             return Err(PostError::QueueFull);
         }
         self.sq
-            .push(OwnedSendWr::new(wr))
+            .push(OwnedSendWr::new(wr)?)
             .map_err(|_| PostError::QueueFull)?;
         self.send.posted.fetch_add(1, Ordering::Relaxed);
         self.wake();
@@ -246,14 +279,8 @@ impl QpRings {
         if !self.recv.has_room() {
             return Err(PostError::QueueFull);
         }
-        let mut sges = [Sge::default(); MAX_SGE];
-        sges[..wr.sg_list.len()].copy_from_slice(wr.sg_list);
         self.rq
-            .push(OwnedRecvWr {
-                wr_id: wr.wr_id,
-                sges,
-                num_sge: wr.sg_list.len() as u8,
-            })
+            .push(OwnedRecvWr::new(wr)?)
             .map_err(|_| PostError::QueueFull)?;
         self.recv.posted.fetch_add(1, Ordering::Relaxed);
         self.wake();
@@ -290,7 +317,7 @@ pub struct CqShared {
     pub overflows: AtomicU64,
     armed: AtomicBool,
     /// The completion channel's eventfd, or -1.
-    event_fd: AtomicI32,
+    event_fd: i32,
     /// Which CQs fired, for the channel's `ibv_get_cq_event`.
     fired: Option<Arc<ArrayQueue<usize>>>,
     /// The poster's handle for this CQ in `fired`.
@@ -312,7 +339,7 @@ impl CqShared {
             ring: ArrayQueue::new(depth.max(1)),
             overflows: AtomicU64::new(0),
             armed: AtomicBool::new(false),
-            event_fd: AtomicI32::new(fd),
+            event_fd: fd,
             fired,
             token,
         }
@@ -355,7 +382,7 @@ impl CqShared {
         if !self.armed.swap(false, Ordering::SeqCst) {
             return;
         }
-        let fd = self.event_fd.load(Ordering::Relaxed);
+        let fd = self.event_fd;
         if let (Some(q), true) = (&self.fired, fd >= 0) {
             let _ = q.push(self.token);
             let one: u64 = 1;

@@ -28,7 +28,9 @@ pub enum WrOpcode {
 }
 
 impl WrOpcode {
-    pub(super) fn is_rd_atomic(self) -> bool {
+    /// READ or atomic: the responder answers with data (and inline data
+    /// does not apply).
+    pub fn is_rd_atomic(self) -> bool {
         matches!(
             self,
             WrOpcode::RdmaRead | WrOpcode::CmpSwap | WrOpcode::FetchAdd

@@ -15,12 +15,12 @@ use std::thread::JoinHandle;
 
 use crate::device::datapath::{Connect, DataPath, Path};
 use crate::device::error::DeviceError;
-use crate::device::rings::{CqShared, Doorbell, QpRings};
+use crate::device::rings::{CqShared, Doorbell, OwnedRecvWr, OwnedSendWr, QpRings};
 use crate::device::runner::{data_path_loop, Job};
 use crate::device::standalone::{Attachment, Standalone};
 use crate::io::xdp::XdpMode;
 use crate::memory::Access;
-use crate::transport::{QpAttr, QpCap, QpState, RecvWr, SendFlags, SendWr, Sge, Wc, WrOpcode};
+use crate::transport::{QpAttr, QpCap, QpState, RecvWr, SendWr, Sge, Wc};
 
 /// What a verbs call can fail with. [`Error::errno`] is what rdma-core's
 /// verbs would return for the same failure.
@@ -386,30 +386,6 @@ pub struct Qp {
     pub qpn: u32,
 }
 
-/// A work request's scatter/gather list, owned so that it can travel to the
-/// data path thread.
-#[derive(Clone, Copy)]
-struct OwnedSgl {
-    sges: [Sge; crate::transport::MAX_SGE],
-    n: usize,
-}
-
-impl OwnedSgl {
-    fn new(list: &[Sge]) -> Result<OwnedSgl> {
-        let mut sges = [Sge::default(); crate::transport::MAX_SGE];
-        if list.len() > sges.len() {
-            return Err(Error::Device(DeviceError::Post(
-                crate::transport::PostError::TooManySge,
-            )));
-        }
-        sges[..list.len()].copy_from_slice(list);
-        Ok(OwnedSgl {
-            sges,
-            n: list.len(),
-        })
-    }
-}
-
 impl Qp {
     /// `ibv_modify_qp`: attribute checks and state transitions as the
     /// engine defines them; an invalid transition is an error naming the
@@ -455,39 +431,17 @@ impl Qp {
     }
 
     /// Posts a send-queue work request (the SGEs and inline data are
-    /// copied at post time).
+    /// copied at post time, as they cross to the data path thread).
     pub fn post_send(&self, wr: &SendWr) -> Result<()> {
         let qpn = self.qpn;
-        let sgl = OwnedSgl::new(wr.sg_list)?;
-        let inline = wr.inline.map(|d| d.to_vec());
-        let (wr_id, opcode, flags): (u64, WrOpcode, SendFlags) = (wr.wr_id, wr.opcode, wr.flags);
-        let (imm, remote_addr, rkey, compare_add, swap) =
-            (wr.imm, wr.remote_addr, wr.rkey, wr.compare_add, wr.swap);
-        self.ctx.call(move |dp| -> Result<_> {
-            let mut w = SendWr::new(wr_id, opcode, &sgl.sges[..sgl.n]);
-            w.inline = inline.as_deref();
-            w.flags = flags;
-            w.imm = imm;
-            w.remote_addr = remote_addr;
-            w.rkey = rkey;
-            w.compare_add = compare_add;
-            w.swap = swap;
-            Ok(dp.core.post_send(qpn, &w)?)
-        })
+        let w = OwnedSendWr::new(wr).map_err(DeviceError::Post)?;
+        self.ctx.call(move |dp| dp.core.post_send(qpn, &w.as_wr()))
     }
 
     /// Posts a receive buffer.
     pub fn post_recv(&self, wr: &RecvWr) -> Result<()> {
-        let (qpn, wr_id) = (self.qpn, wr.wr_id);
-        let sgl = OwnedSgl::new(wr.sg_list)?;
-        self.ctx.call(move |dp| {
-            dp.core.post_recv(
-                qpn,
-                &RecvWr {
-                    wr_id,
-                    sg_list: &sgl.sges[..sgl.n],
-                },
-            )
-        })
+        let qpn = self.qpn;
+        let w = OwnedRecvWr::new(wr).map_err(DeviceError::Post)?;
+        self.ctx.call(move |dp| dp.core.post_recv(qpn, &w.as_wr()))
     }
 }

@@ -66,24 +66,6 @@ fn live_pid(pidfile: &Path, marker: &str) -> Option<u32> {
     cmdline.contains(marker).then_some(pid)
 }
 
-fn stop_pid(pid: u32) {
-    let alive = || Path::new(&format!("/proc/{pid}")).exists();
-    let _ = Command::new("kill")
-        .arg(pid.to_string())
-        .stderr(Stdio::null())
-        .status();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while alive() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    if alive() {
-        let _ = Command::new("kill")
-            .args(["-KILL", &pid.to_string()])
-            .stderr(Stdio::null())
-            .status();
-    }
-}
-
 fn vm_marker(id: VmId) -> String {
     format!("-name rxevm-{id}")
 }
@@ -103,7 +85,7 @@ pub fn stop_all(settings: &Settings) {
                 None => continue,
             };
             if let Some(pid) = live_pid(&e.path(), &marker) {
-                stop_pid(pid);
+                netlab::stop_pids(&[pid], Duration::from_secs(5));
             }
             let _ = fs::remove_file(e.path());
         }
@@ -481,7 +463,7 @@ impl Drop for Lab {
             if let Some(mut c) = vm.child.take() {
                 // QEMU quits on SIGTERM; `ip netns exec` exec'd it, so the
                 // child is QEMU itself.
-                stop_pid(c.id());
+                netlab::stop_pids(&[c.id()], Duration::from_secs(5));
                 let _ = c.wait();
             }
             let _ = fs::remove_file(self.settings.run.join(format!("{}.pid", vm.id)));
