@@ -107,6 +107,8 @@ struct Cq {
     inner: Mutex<Option<verbs::Cq>>,
     /// The completion ring the data path fills; polled without it.
     shared: Arc<CqShared>,
+    /// Its data path, which a poll of an empty ring runs a turn of.
+    dp: verbs::Context,
 }
 
 #[repr(C)]
@@ -123,6 +125,8 @@ struct Qp {
     /// The work rings; the lock serialises this QP's posting threads only
     /// (the data path never takes it).
     rings: Mutex<Arc<QpRings>>,
+    /// Its data path, which a post runs a turn of.
+    dp: verbs::Context,
     cap: ibv_qp_cap,
     sq_sig_all: bool,
     ctx: &'static Context,
@@ -136,8 +140,8 @@ fn data_path(c: &'static Context) -> Result<verbs::Context, c_int> {
         return Ok(d.clone());
     }
     // RDMA_XDP_POLLING=spin: the data path thread spins on the rings like
-    // a NIC (lowest latency, takes a core); adaptive (the default) backs
-    // off to short sleeps when idle.
+    // a NIC (takes a core); adaptive (the default) sleeps in poll(2) when
+    // idle, and the program's own posts and polls run the data path.
     let polling = match std::env::var("RDMA_XDP_POLLING").as_deref() {
         Ok("spin") => verbs::Polling::Spin,
         _ => verbs::Polling::Adaptive,
@@ -145,7 +149,15 @@ fn data_path(c: &'static Context) -> Result<verbs::Context, c_int> {
     let cpu = std::env::var("RDMA_XDP_CPU")
         .ok()
         .and_then(|c| c.parse().ok());
-    let opts = verbs::ContextOptions { polling, cpu };
+    // An adaptive thread runs at nice -20 with a short slice where allowed
+    // (RDMA_XDP_BOOST=0: never): it must preempt a program spinning on
+    // memory on its core to place a WRITE, as rxe's softirq does.
+    let boost = std::env::var("RDMA_XDP_BOOST").map_or(true, |v| v != "0");
+    let opts = verbs::ContextOptions {
+        polling,
+        cpu,
+        boost,
+    };
     match verbs::Context::open(c.netdev(), opts) {
         Ok(d) => {
             *dp = Some(d.clone());
@@ -380,6 +392,7 @@ pub unsafe extern "C" fn ibv_create_cq(
             },
             inner: Mutex::new(None),
             shared: Arc::new(CqShared::new(1, None, 0)),
+            dp: dp.clone(),
         });
         let token = &*b as *const Cq as usize;
         let shared = Arc::new(CqShared::new(
@@ -477,6 +490,11 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_in
         }
         let mut buf = [rdma_user::device::standalone::NO_WC; 16];
         let mut total = 0usize;
+        // An empty ring: run a turn of the data path here (a busy poller
+        // moves its own packets), then look again.
+        if c.shared.is_empty() && c.dp.progress() && c.shared.is_empty() {
+            return 0;
+        }
         while total < n as usize {
             let want = (n as usize - total).min(buf.len());
             let got = c.shared.poll(&mut buf[..want]);
@@ -649,6 +667,7 @@ pub unsafe extern "C" fn ibv_create_qp(
                     },
                     inner: Mutex::new(Some(inner)),
                     rings: Mutex::new(rings),
+                    dp: p.inner.context().clone(),
                     cap: granted,
                     sq_sig_all: a.sq_sig_all != 0,
                     ctx,
@@ -1016,6 +1035,7 @@ unsafe extern "C" fn post_send(
         };
         let rings = q.rings.lock().unwrap_or_else(|e| e.into_inner());
         let mut w = wr;
+        let mut ret = 0;
         while !w.is_null() {
             // SAFETY: the caller's WR chain.
             let r = unsafe { &*w };
@@ -1024,12 +1044,25 @@ unsafe extern "C" fn post_send(
                     // SAFETY: the caller's out pointer.
                     unsafe { *bad = w };
                 }
-                return e;
+                ret = e;
+                break;
             }
             w = r.next;
         }
-        0
+        if w != wr {
+            moved(q, &rings);
+        }
+        ret
     })
+}
+
+/// After WRs were pushed: a turn of the data path on this thread takes
+/// them at once (a send leaves now, with no thread switch); if another
+/// thread is running it, that one will, woken if it sleeps.
+fn moved(q: &Qp, rings: &QpRings) {
+    if !q.dp.progress() {
+        rings.wake();
+    }
 }
 
 /// `ctx->ops.post_recv`: checks and pushes onto the QP's receive ring.
@@ -1044,6 +1077,7 @@ unsafe extern "C" fn post_recv(
         };
         let rings = q.rings.lock().unwrap_or_else(|e| e.into_inner());
         let mut w = wr;
+        let mut ret = 0;
         while !w.is_null() {
             // SAFETY: the caller's WR chain.
             let r = unsafe { &*w };
@@ -1062,11 +1096,15 @@ unsafe extern "C" fn post_recv(
                     // SAFETY: the caller's out pointer.
                     unsafe { *bad = w };
                 }
-                return e;
+                ret = e;
+                break;
             }
             w = r.next;
         }
-        0
+        if w != wr {
+            moved(q, &rings);
+        }
+        ret
     })
 }
 

@@ -336,21 +336,7 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
                 }
                 Value::Object(m)
             };
-            let dp = ctl
-                .run(|dp| {
-                    let xsk: Vec<Value> = dp
-                        .xsks
-                        .iter()
-                        .map(|x| {
-                            let k = x.kernel_stats();
-                            json!({"rx_frames": x.rx_frames, "tx_frames": x.tx_frames, "rx_oversize": x.rx_dropped_oversize,
-                                   "kernel_rx_dropped": k.rx_dropped, "kernel_rx_ring_full": k.rx_ring_full,
-                                   "kernel_rx_fill_ring_empty": k.rx_fill_ring_empty_descs})
-                        })
-                        .collect();
-                    Ok(json!({"datapath": dp.core.stats, "xsk": xsk}))
-                })
-                .await?;
+            let dp = ctl.run(|dp| Ok(dp.stats_json())).await?;
             Ok(json!({"iface": ctl.iface, "mode": ctl.socket_mode, "xdp": xdp, "datapath": dp["datapath"], "xsk": dp["xsk"]}))
         }
         Request::MrReg { len, access } => {

@@ -17,7 +17,9 @@ pub type Result<T, E = DeviceError> = std::result::Result<T, E>;
 
 use crate::io::xsk::{SharedMem, Xsk};
 use crate::memory::{Access, Backing, MrTable};
-use crate::transport::{Nanos, QpAttr, QpCap, QpEngine, QpState, RecvWr, SendWr, Wc, WcOpcode};
+use crate::transport::{
+    Nanos, QpAttr, QpCap, QpEngine, QpState, QpStats, RecvWr, SendWr, Wc, WcOpcode,
+};
 
 use super::rings::{CqShared, Doorbell, QpRings};
 use crate::wire::{
@@ -740,11 +742,31 @@ impl Core {
 pub struct Backoff {
     adaptive: bool,
     idle: u32,
+    /// Idle polls spun before sleeping.
+    spin: u32,
 }
 
 impl Backoff {
+    /// Spins 256 idle polls before it sleeps: for a data path that owns
+    /// its core (the daemon, the tools).
     pub fn new(adaptive: bool) -> Backoff {
-        Backoff { adaptive, idle: 0 }
+        Backoff {
+            adaptive,
+            idle: 0,
+            spin: 256,
+        }
+    }
+
+    /// Sleeps at the first idle poll: for a data path that shares its
+    /// core with the program it serves (the verbs library, where the
+    /// program's own polls run the data path while it is busy). Spinning
+    /// there only takes the core from the program.
+    pub fn eager(adaptive: bool) -> Backoff {
+        Backoff {
+            adaptive,
+            idle: 0,
+            spin: 0,
+        }
     }
 
     pub fn reset(&mut self) {
@@ -758,7 +780,7 @@ impl Backoff {
             return;
         }
         self.idle = self.idle.saturating_add(1);
-        if self.adaptive && self.idle > 256 {
+        if self.adaptive && self.idle > self.spin {
             let mut d = std::time::Duration::from_micros(50u64 << (self.idle / 1024).min(4));
             if let Some(t) = next {
                 d = d.min(std::time::Duration::from_nanos(t.saturating_sub(now)));
@@ -771,8 +793,9 @@ impl Backoff {
 
     /// Like `after_poll`, but an idle thread waits in poll(2) on `fds` (the
     /// AF_XDP sockets and the doorbell) instead of sleeping blind: a frame
-    /// or a post wakes it at once. `work_waiting` is the last check after
-    /// the doorbell knows we sleep.
+    /// or a post wakes it at once, and the next timer deadline bounds the
+    /// wait to the nanosecond. `work_waiting` is the last check after the
+    /// doorbell knows we sleep.
     pub fn after_poll_waiting(
         &mut self,
         now: Nanos,
@@ -782,18 +805,31 @@ impl Backoff {
         doorbell: &Doorbell,
         work_waiting: impl FnOnce() -> bool,
     ) {
-        if work || !self.adaptive || self.idle <= 256 {
+        if work || !self.adaptive || self.idle < self.spin {
             return self.after_poll(now, work, next);
         }
         self.idle = self.idle.saturating_add(1);
-        let mut ms: i32 = 1 << (self.idle / 1024).min(4);
+        // Idle for long: wait up to 16 ms between checks of the stop flag.
+        let mut ns: u64 = 1_000_000 << (self.idle / 1024).min(4);
         if let Some(t) = next {
-            ms = ms.min((t.saturating_sub(now) / 1_000_000) as i32);
+            ns = ns.min(t.saturating_sub(now));
         }
-        doorbell.going_to_sleep();
-        if !work_waiting() && ms > 0 {
-            // SAFETY: fds is a valid array of pollfd for its length.
-            unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        doorbell.going_to_sleep(now.saturating_add(ns));
+        if !work_waiting() && ns > 0 {
+            let ts = libc::timespec {
+                tv_sec: (ns / 1_000_000_000) as libc::time_t,
+                tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+            };
+            // SAFETY: fds is a valid array of pollfd for its length; ts is
+            // a local; no signal mask change.
+            unsafe {
+                libc::ppoll(
+                    fds.as_mut_ptr(),
+                    fds.len() as libc::nfds_t,
+                    &ts,
+                    std::ptr::null(),
+                )
+            };
         }
         doorbell.woke();
     }
@@ -811,6 +847,34 @@ impl DataPath {
 
     pub fn now(&self) -> Nanos {
         self.clock.elapsed().as_nanos() as Nanos
+    }
+
+    /// The counters, as `rdma-xdp stats` shows them: the receive path's,
+    /// each AF_XDP socket's (the kernel's drops included) and each QP's.
+    pub fn stats_json(&self) -> serde_json::Value {
+        let xsk: Vec<serde_json::Value> = self
+            .xsks
+            .iter()
+            .map(|x| {
+                let k = x.kernel_stats();
+                serde_json::json!({"rx_frames": x.rx_frames, "tx_frames": x.tx_frames,
+                    "rx_oversize": x.rx_dropped_oversize, "kernel_rx_dropped": k.rx_dropped,
+                    "kernel_rx_ring_full": k.rx_ring_full,
+                    "kernel_rx_fill_ring_empty": k.rx_fill_ring_empty_descs})
+            })
+            .collect();
+        let mut qps: Vec<(u32, QpStats)> = self
+            .core
+            .qps
+            .iter()
+            .map(|(n, s)| (*n, s.qp.stats()))
+            .collect();
+        qps.sort_by_key(|q| q.0);
+        let qps: Vec<serde_json::Value> = qps
+            .into_iter()
+            .map(|(n, s)| serde_json::json!({"qpn": n, "stats": s}))
+            .collect();
+        serde_json::json!({"datapath": self.core.stats, "xsk": xsk, "qps": qps})
     }
 
     /// One turn of the loop: receive, timers, transmit. Returns whether any
@@ -858,5 +922,19 @@ impl DataPath {
             work |= sent > 0;
         }
         (work, next)
+    }
+
+    /// One turn that leaves nothing queued behind it: a kick the turn
+    /// deferred (to send an ACK and the next request in one syscall) goes
+    /// now. For a thread that may not take the next turn (a program's
+    /// post or poll; the data path thread may be asleep).
+    pub fn poll_flushed(&mut self) -> (bool, Option<Nanos>) {
+        let r = self.poll();
+        if std::mem::take(&mut self.kick_deferred) {
+            if let Some(x) = self.xsks.first_mut() {
+                x.kick();
+            }
+        }
+        r
     }
 }

@@ -30,6 +30,8 @@ use crate::transport::{
 pub struct Doorbell {
     fd: i32,
     sleeping: AtomicBool,
+    /// When the sleeping thread wakes by itself (data path clock, ns).
+    wake_at: AtomicU64,
 }
 
 impl Doorbell {
@@ -42,6 +44,7 @@ impl Doorbell {
         Ok(Doorbell {
             fd,
             sleeping: AtomicBool::new(false),
+            wake_at: AtomicU64::new(u64::MAX),
         })
     }
 
@@ -61,9 +64,20 @@ impl Doorbell {
         }
     }
 
-    /// The thread is about to wait; it must check for work once more after
-    /// this and before waiting.
-    pub fn going_to_sleep(&self) {
+    /// After another thread ran the data path: ring if it left a deadline
+    /// (data path clock) before the sleeping thread's own wake-up.
+    pub fn ring_if_before(&self, deadline: u64) {
+        fence(Ordering::SeqCst);
+        if self.sleeping.load(Ordering::Relaxed) && deadline < self.wake_at.load(Ordering::Relaxed)
+        {
+            self.ring();
+        }
+    }
+
+    /// The thread is about to wait until `wake_at` at the latest; it must
+    /// check for work once more after this and before waiting.
+    pub fn going_to_sleep(&self, wake_at: u64) {
+        self.wake_at.store(wake_at, Ordering::Relaxed);
         self.sleeping.store(true, Ordering::Relaxed);
         fence(Ordering::SeqCst);
     }
@@ -255,11 +269,12 @@ impl QpRings {
             .push(OwnedSendWr::new(wr)?)
             .map_err(|_| PostError::QueueFull)?;
         self.send.posted.fetch_add(1, Ordering::Relaxed);
-        self.wake();
         Ok(())
     }
 
-    fn wake(&self) {
+    /// After posting: wakes the data path thread if it sleeps (a poster
+    /// that ran the data path itself since it pushed need not).
+    pub fn wake(&self) {
         if let Some(d) = self.doorbell.get() {
             d.ring();
         }
@@ -283,7 +298,6 @@ impl QpRings {
             .push(OwnedRecvWr::new(wr)?)
             .map_err(|_| PostError::QueueFull)?;
         self.recv.posted.fetch_add(1, Ordering::Relaxed);
-        self.wake();
         Ok(())
     }
 

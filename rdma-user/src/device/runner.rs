@@ -11,7 +11,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 
 use anyhow::{bail, Context, Result};
 
@@ -89,6 +89,115 @@ pub fn pin_to_cpu(cpu: usize) {
     }
 }
 
+/// What an idle data path waits on in poll(2): its AF_XDP sockets and its
+/// doorbell (set up once: no allocation in the loop).
+fn wait_fds(dp: &DataPath) -> Vec<libc::pollfd> {
+    dp.xsks
+        .iter()
+        .map(|x| x.fd())
+        .chain(dp.core.doorbell.as_ref().map(|d| d.fd()))
+        .map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect()
+}
+
+/// Makes the calling thread a latency-sensitive normal thread: nice -20
+/// and a 100 us slice request (EEVDF's shortest), so that a frame waking
+/// it preempts a program thread spinning on the same core at once, as
+/// rxe's softirq would, instead of at the scheduler's next tick. It stays
+/// a fair-class thread: a long backlog cannot starve the program or the
+/// kernel's ksoftirqd, which moves the very frames it sends (SCHED_FIFO
+/// did that here, measured: retransmission timeouts in ib_write_bw).
+/// Without CAP_SYS_NICE it keeps its nice value and asks only for the
+/// slice. Returns whether the nice value took.
+pub fn make_latency_sensitive() -> bool {
+    // The kernel's struct sched_attr (SCHED_ATTR_SIZE_VER1).
+    #[repr(C)]
+    struct SchedAttr {
+        size: u32,
+        policy: u32,
+        flags: u64,
+        nice: i32,
+        priority: u32,
+        runtime: u64,
+        deadline: u64,
+        period: u64,
+        util_min: u32,
+        util_max: u32,
+    }
+    let set = |nice: i32| {
+        let a = SchedAttr {
+            size: std::mem::size_of::<SchedAttr>() as u32,
+            policy: libc::SCHED_OTHER as u32,
+            flags: 0,
+            nice,
+            priority: 0,
+            runtime: 100_000,
+            deadline: 0,
+            period: 0,
+            util_min: 0,
+            util_max: 0,
+        };
+        // SAFETY: sched_setattr on this thread with a local, fully
+        // initialised attr of the size it declares.
+        unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &a as *const SchedAttr, 0) == 0 }
+    };
+    set(-20) || {
+        set(0);
+        false
+    }
+}
+
+/// The data path of a verbs program, shared with the program's threads:
+/// whoever holds the lock runs it. Program threads only ever try it (a
+/// post or a poll that finds it taken leaves the work to the holder), so
+/// none waits on the data path; this thread runs it for them whenever they
+/// are away (a program spinning on memory for a WRITE), and otherwise
+/// sleeps in poll(2) until a frame, a post or a timer needs it.
+pub fn shared_data_path_loop(
+    dp: Arc<Mutex<DataPath>>,
+    stop: Arc<AtomicBool>,
+    adaptive: bool,
+    cpu: Option<usize>,
+    boost: bool,
+) {
+    if let Some(c) = cpu {
+        pin_to_cpu(c);
+    }
+    // Only a thread that sleeps when idle may preempt the program: a
+    // spinning one would take its core.
+    if boost && adaptive && !make_latency_sensitive() {
+        log::warn!(
+            "cannot raise the data path thread's priority ({}); a program spinning on its core delays it",
+            std::io::Error::last_os_error()
+        );
+    }
+    // A panic while holding the lock left the engine unusable: stop.
+    fn lock(dp: &Mutex<DataPath>) -> Option<std::sync::MutexGuard<'_, DataPath>> {
+        dp.lock().ok()
+    }
+    let (doorbell, mut fds) = match lock(&dp) {
+        Some(d) => (d.core.doorbell.clone(), wait_fds(&d)),
+        None => return,
+    };
+    let mut backoff = Backoff::eager(adaptive);
+    while !stop.load(Ordering::Relaxed) {
+        let Some(mut d) = lock(&dp) else { return };
+        let (work, next) = d.poll();
+        let now = d.now();
+        drop(d);
+        match &doorbell {
+            Some(bell) => backoff.after_poll_waiting(now, work, next, &mut fds, bell, || {
+                lock(&dp).is_none_or(|d| d.core.rings_have_work())
+            }),
+            None => backoff.after_poll(now, work, next),
+        }
+    }
+}
+
 /// The data path thread: run control jobs between polls; spin, or back off
 /// to short sleeps when idle (adaptive).
 pub fn data_path_loop(
@@ -101,34 +210,9 @@ pub fn data_path_loop(
     if let Some(c) = cpu {
         pin_to_cpu(c);
     }
-    // RDMA_XDP_FIFO=1: the thread runs SCHED_FIFO (priority 1), so a frame
-    // or a post that wakes it preempts a program thread spinning on the
-    // same core at once instead of at the scheduler's next decision.
-    if std::env::var_os("RDMA_XDP_FIFO").is_some() {
-        let p = libc::sched_param { sched_priority: 1 };
-        // SAFETY: setting this thread's own policy from a local param.
-        if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) } != 0 {
-            log::warn!(
-                "RDMA_XDP_FIFO: cannot make the data path SCHED_FIFO: {}",
-                std::io::Error::last_os_error()
-            );
-        }
-    }
     let mut backoff = Backoff::new(adaptive);
-    // With a doorbell, an idle thread waits in poll(2) on the sockets and
-    // the doorbell (set up once: no allocation in the loop).
     let doorbell = dp.core.doorbell.clone();
-    let mut fds: Vec<libc::pollfd> = dp
-        .xsks
-        .iter()
-        .map(|x| x.fd())
-        .chain(doorbell.as_ref().map(|d| d.fd()))
-        .map(|fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        })
-        .collect();
+    let mut fds = wait_fds(&dp);
     while !stop.load(Ordering::Relaxed) {
         while let Ok(job) = jobs.try_recv() {
             job(&mut dp);

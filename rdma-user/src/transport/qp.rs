@@ -213,7 +213,7 @@ impl fmt::Display for ModifyError {
 impl std::error::Error for ModifyError {}
 
 /// Per-QP counters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct QpStats {
     pub tx_packets: u64,
     pub rx_packets: u64,

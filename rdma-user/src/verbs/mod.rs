@@ -2,21 +2,23 @@
 //! an interface, then protection domains ([`Pd`]), memory regions ([`Mr`]),
 //! completion queues ([`Cq`]) and RC queue pairs ([`Qp`]).
 //!
-//! The data path (XDP program, AF_XDP sockets, the RC engines) runs on a
-//! thread of its own, spinning on the rings or, with [`Polling::Adaptive`],
-//! sleeping when idle. Every call below is a job that thread runs between
-//! two polls (one channel hop, no lock on the data path); completions are
-//! polled in batches. For the lowest latency from a single thread, drive a
-//! [`crate::device::standalone::Standalone`] directly instead.
+//! The data path (XDP program, AF_XDP sockets, the RC engines) is shared
+//! by a thread of its own and the program's threads: whoever holds its
+//! lock runs it. A control call below takes the lock and runs on the
+//! caller's thread between two polls. A post or a poll only tries it
+//! ([`Context::progress`]): the program's own busy polling moves its
+//! packets with no thread switch, and the data path thread does it
+//! whenever the program is away, spinning or, with [`Polling::Adaptive`],
+//! sleeping in poll(2) until a frame, a post or a timer needs it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use crate::device::datapath::{Connect, DataPath, Path};
 use crate::device::error::DeviceError;
 use crate::device::rings::{CqShared, Doorbell, OwnedRecvWr, OwnedSendWr, QpRings};
-use crate::device::runner::{data_path_loop, Job};
+use crate::device::runner::shared_data_path_loop;
 use crate::device::standalone::{Attachment, Standalone};
 use crate::io::xdp::XdpMode;
 use crate::memory::Access;
@@ -86,6 +88,9 @@ pub struct ContextOptions {
     pub polling: Polling,
     /// Pin the data path thread to this CPU.
     pub cpu: Option<usize>,
+    /// Raise the (adaptive) data path thread's priority when allowed
+    /// ([`crate::device::runner::make_latency_sensitive`]).
+    pub boost: bool,
 }
 
 /// An open device: the data path thread and what keeps XDP attached.
@@ -95,14 +100,14 @@ pub struct Context {
 }
 
 struct Inner {
-    jobs: mpsc::Sender<Job>,
+    dp: Arc<Mutex<DataPath>>,
     stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<DataPath>>,
+    thread: Option<JoinHandle<()>>,
     /// Dropped after the thread stops: detaches XDP, releases the interface.
     attachment: Option<Attachment>,
     iface: String,
     mac: [u8; 6],
-    /// Wakes the data path thread for a job.
+    /// Wakes the data path thread (to stop it, or for posted work).
     doorbell: Arc<Doorbell>,
 }
 
@@ -114,6 +119,13 @@ impl Drop for Inner {
         self.doorbell.ring();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+        // RDMA_XDP_STATS=1: the counters on stderr at close (what
+        // `rdma-xdp stats` shows for a daemon), for a program's run.
+        if std::env::var_os("RDMA_XDP_STATS").is_some() {
+            if let Ok(dp) = self.dp.lock() {
+                eprintln!("rdma-xdp stats {}: {}", self.iface, dp.stats_json());
+            }
         }
         drop(self.attachment.take());
     }
@@ -137,18 +149,18 @@ impl Context {
         );
         dp.core.doorbell = Some(doorbell.clone());
         let stop = Arc::new(AtomicBool::new(false));
-        let (jtx, jrx) = mpsc::channel::<Job>();
+        let dp = Arc::new(Mutex::new(dp));
         let thread = {
-            let stop = stop.clone();
+            let (dp, stop) = (dp.clone(), stop.clone());
             let adaptive = opts.polling == Polling::Adaptive;
             std::thread::Builder::new()
                 .name(format!("rdma-dp-{iface}"))
-                .spawn(move || data_path_loop(dp, jrx, stop, adaptive, opts.cpu))
+                .spawn(move || shared_data_path_loop(dp, stop, adaptive, opts.cpu, opts.boost))
                 .map_err(|e| Error::Open(format!("start the data path thread: {e}")))?
         };
         Ok(Context {
             inner: Arc::new(Inner {
-                jobs: jtx,
+                dp,
                 stop,
                 thread: Some(thread),
                 attachment: Some(attachment),
@@ -167,18 +179,45 @@ impl Context {
         self.inner.mac
     }
 
-    /// Runs `f` on the data path thread and waits for its result.
-    fn call<R: Send + 'static, E: Into<Error> + Send + 'static>(
+    /// The data path, waiting for whoever runs it; `Stopped` once a
+    /// panic inside it left the engine unusable.
+    fn lock(&self) -> Result<MutexGuard<'_, DataPath>> {
+        self.inner.dp.lock().map_err(|_| Error::Stopped)
+    }
+
+    /// Runs `f` on the data path between two of its polls.
+    fn call<R, E: Into<Error>>(
         &self,
-        f: impl FnOnce(&mut DataPath) -> std::result::Result<R, E> + Send + 'static,
+        f: impl FnOnce(&mut DataPath) -> std::result::Result<R, E>,
     ) -> Result<R> {
-        let (tx, rx) = mpsc::sync_channel(1);
-        let job: Job = Box::new(move |dp: &mut DataPath| {
-            let _ = tx.send(f(dp).map_err(Into::into));
-        });
-        self.inner.jobs.send(job).map_err(|_| Error::Stopped)?;
+        let r = f(&mut *self.lock()?).map_err(Into::into);
+        // The call may have queued work or moved a deadline.
         self.inner.doorbell.ring();
-        rx.recv().map_err(|_| Error::Stopped)?
+        r
+    }
+
+    /// One turn of the data path on the calling thread, if nobody else is
+    /// running it (then that one moves the work). Returns whether it ran:
+    /// if not, a poster rings [`Context::wake`]. Never waits; for the
+    /// post and poll fast paths.
+    pub fn progress(&self) -> bool {
+        match self.inner.dp.try_lock() {
+            Ok(mut dp) => {
+                if let (_, Some(t)) = dp.poll_flushed() {
+                    // A new deadline (a retransmission timer) before the
+                    // sleeping thread's wake-up: it must wake for it.
+                    self.inner.doorbell.ring_if_before(t);
+                }
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Wakes the data path thread if it sleeps (after posting work that
+    /// [`Context::progress`] could not move).
+    pub fn wake(&self) {
+        self.inner.doorbell.ring();
     }
 
     pub fn alloc_pd(&self) -> Result<Pd> {
@@ -206,6 +245,10 @@ pub struct Pd {
 }
 
 impl Pd {
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
     /// Registers `len` bytes of fresh shared memory with `access`. The
     /// lkey and rkey are random (not guessable).
     pub fn reg_mr(&self, len: usize, access: Access) -> Result<Mr> {
@@ -337,6 +380,10 @@ pub struct Cq {
 }
 
 impl Cq {
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
     /// Removes the CQ (EBUSY while a QP uses it; the handle stays usable).
     pub fn destroy(&self) -> Result<()> {
         let cqn = self.cqn;

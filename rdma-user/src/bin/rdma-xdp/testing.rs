@@ -220,6 +220,7 @@ pub fn verbs_demo(a: &str, b: &str) -> Result<()> {
     let opts = ContextOptions {
         polling: Polling::Adaptive,
         cpu: None,
+        boost: false,
     };
     let (ca, cb) = (Context::open(a, opts.clone())?, Context::open(b, opts)?);
     let (pa, pb) = (ca.alloc_pd()?, cb.alloc_pd()?);
