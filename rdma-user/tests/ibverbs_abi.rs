@@ -267,20 +267,7 @@ fn misuse_gets_rdma_cores_answers() {
     library();
     // Our own C program against Debian's libibverbs-dev headers, linked
     // against the real libibverbs and run on ours (as any program).
-    let exe = std::env::temp_dir().join(format!("rdma-misuse-{}", std::process::id()));
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/misuse.c");
-    let cc = Command::new("cc")
-        .arg("-o")
-        .arg(&exe)
-        .arg(&src)
-        .arg("-libverbs")
-        .output()
-        .expect("cc");
-    assert!(
-        cc.status.success(),
-        "cc misuse.c (libibverbs-dev): {}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
+    let exe = c_program("misuse");
     let _g = lab::serial();
     let lab = lab::Lab::new(1500);
     // Host 1 runs no RDMA: it never answers, so sends retry out.
@@ -301,6 +288,112 @@ fn misuse_gets_rdma_cores_answers() {
         text.lines().filter(|l| l.starts_with("ok ")).count() >= 45,
         "{text}"
     );
+}
+
+/// Reserves `n` more 2 MiB huge pages for the test's life (restored on
+/// drop), so that programs can map them.
+struct HugePages(Option<String>);
+
+impl HugePages {
+    fn reserve(n: u64) -> HugePages {
+        let path = "/proc/sys/vm/nr_hugepages";
+        let old =
+            std::fs::read_to_string(path).expect("hugetlb support (/proc/sys/vm/nr_hugepages)");
+        let want = old.trim().parse::<u64>().unwrap() + n;
+        std::fs::write(path, want.to_string()).expect("reserve huge pages");
+        let got: u64 = std::fs::read_to_string(path)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(got >= want, "the kernel gave {got} of {want} huge pages");
+        HugePages(Some(old))
+    }
+}
+
+impl Drop for HugePages {
+    fn drop(&mut self) {
+        if let Some(old) = self.0.take() {
+            let _ = std::fs::write("/proc/sys/vm/nr_hugepages", old.trim());
+        }
+    }
+}
+
+/// Builds one of tests/data's C programs against Debian's libibverbs-dev.
+fn c_program(name: &str) -> PathBuf {
+    let exe = std::env::temp_dir().join(format!("rdma-{name}-{}", std::process::id()));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/data/{name}.c"));
+    let cc = Command::new("cc")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .arg("-libverbs")
+        .output()
+        .expect("cc");
+    assert!(
+        cc.status.success(),
+        "cc {name}.c (libibverbs-dev): {}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    exe
+}
+
+#[test]
+fn memory_kinds_access_flags_and_events_between_two_programs() {
+    library();
+    let exe = c_program("features");
+    let _g = lab::serial();
+    let _huge = HugePages::reserve(4);
+    let lab = lab::Lab::new(1500);
+    let port = "18515";
+    let devs = [format!("xdp_{}", lab.dev[0]), format!("xdp_{}", lab.dev[1])];
+    let e = exe.to_str().unwrap();
+    let target = lab.spawn(1, &["exec", "--", e, "target", port, &devs[1], &lab.dev[1]]);
+    let init = lab.exec(
+        0,
+        lab::BIN,
+        &[
+            "exec",
+            "--",
+            e,
+            "initiator",
+            &lab.addr[1],
+            port,
+            &devs[0],
+            &lab.dev[0],
+        ],
+    );
+    let target = lab::wait_timeout(target, std::time::Duration::from_secs(30));
+    let _ = std::fs::remove_file(&exe);
+    let (it, tt) = (
+        String::from_utf8_lossy(&init.stdout),
+        String::from_utf8_lossy(&target.stdout),
+    );
+    let both = format!(
+        "initiator:\n{it}{}\ntarget:\n{tt}{}",
+        String::from_utf8_lossy(&init.stderr),
+        String::from_utf8_lossy(&target.stderr)
+    );
+    assert!(it.contains("all ok") && tt.contains("all ok"), "{both}");
+    for kind in ["heap", "memalign", "mmap", "stack", "hugepage", "iova"] {
+        assert!(it.contains(&format!("{kind}: read and written")), "{both}");
+    }
+    for check in [
+        "REM_ACCESS_ERR",
+        "QP_FATAL on the QP",
+        "destroy_qp after the ack",
+    ] {
+        assert!(it.contains(&format!("ok {check}")), "{both}");
+    }
+    for check in [
+        "no event for an unsolicited SEND",
+        "an event for the solicited SEND",
+        "the read-only region was not written",
+        "PORT_ERR",
+        "PORT_ACTIVE",
+    ] {
+        assert!(tt.contains(&format!("ok {check}")), "{both}");
+    }
 }
 
 #[test]

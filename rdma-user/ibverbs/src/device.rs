@@ -7,7 +7,9 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::mem::{offset_of, size_of};
 use std::net::IpAddr;
 use std::ptr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+
+use rdma_user::device::rings::AsyncShared;
 
 use rdma_user::control::links::{self, Link};
 use rdma_user::io::hostnet::{iface_addrs, iface_mac};
@@ -169,6 +171,10 @@ pub struct Context {
     dev: &'static Device,
     /// The data path, started by the first PD or CQ.
     pub(crate) dp: Mutex<Option<rdma_user::verbs::Context>>,
+    /// Asynchronous events; its eventfd is `async_fd`.
+    pub(crate) events: Arc<AsyncShared>,
+    /// Raises the port events; stopped at close.
+    _monitor: Option<crate::events::PortMonitor>,
 }
 
 impl Context {
@@ -206,10 +212,19 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
             set_errno(libc::ENODEV);
             return ptr::null_mut();
         }
+        let events = match AsyncShared::new() {
+            Ok(e) => Arc::new(e),
+            Err(e) => {
+                set_errno(e.raw_os_error().unwrap_or(libc::ENOMEM));
+                return ptr::null_mut();
+            }
+        };
         let mut c = Box::new(Context {
             vctx: verbs_context::default(),
             dev,
             dp: Mutex::new(None),
+            _monitor: crate::events::PortMonitor::start(&dev.link.netdev, events.clone()),
+            events,
         });
         c.vctx.sz = size_of::<verbs_context>();
         c.vctx.query_port = Some(query_port_ex);
@@ -217,7 +232,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         crate::verbs::set_ops(&mut ctx.ops);
         ctx.device = device;
         ctx.cmd_fd = -1;
-        ctx.async_fd = -1;
+        ctx.async_fd = c.events.fd();
         ctx.num_comp_vectors = 1;
         // verbs_get_ctx() takes the extended layout only with this marker.
         ctx.abi_compat = usize::MAX as *mut c_void;
@@ -540,6 +555,98 @@ pub unsafe extern "C" fn ibv_query_pkey(
     // SAFETY: the caller's __be16.
     unsafe { *pkey = 0xffffu16.to_be() };
     0
+}
+
+/// rdma-core's node type names.
+#[no_mangle]
+pub extern "C" fn ibv_node_type_str(t: ibv_node_type) -> *const c_char {
+    let s: &'static [u8] = match t {
+        IBV_NODE_CA => b"InfiniBand channel adapter\0",
+        IBV_NODE_SWITCH => b"InfiniBand switch\0",
+        IBV_NODE_ROUTER => b"InfiniBand router\0",
+        IBV_NODE_RNIC => b"iWARP NIC\0",
+        IBV_NODE_USNIC => b"usNIC\0",
+        IBV_NODE_USNIC_UDP => b"usNIC UDP\0",
+        IBV_NODE_UNSPECIFIED => b"unspecified\0",
+        _ => b"unknown\0",
+    };
+    s.as_ptr().cast()
+}
+
+/// rdma-core's port state names.
+#[no_mangle]
+pub extern "C" fn ibv_port_state_str(s: ibv_port_state) -> *const c_char {
+    let s: &'static [u8] = match s {
+        IBV_PORT_NOP => b"no state change (NOP)\0",
+        IBV_PORT_DOWN => b"down\0",
+        IBV_PORT_INIT => b"init\0",
+        IBV_PORT_ARMED => b"armed\0",
+        IBV_PORT_ACTIVE => b"active\0",
+        IBV_PORT_ACTIVE_DEFER => b"active defer\0",
+        _ => b"unknown\0",
+    };
+    s.as_ptr().cast()
+}
+
+/// Nothing to prepare: registered memory is the program's own, read and
+/// written by a thread of this process, so a fork cannot break it the way
+/// it breaks pinned DMA pages. Succeeds, as rdma-core does with
+/// fork-safe kernels.
+#[no_mangle]
+pub extern "C" fn ibv_fork_init() -> c_int {
+    0
+}
+
+/// (rate, link-width multiple of 2.5 Gb/s, Mb/s), as rdma-core's tables.
+const RATES: [(ibv_rate, c_int, c_int); 22] = [
+    (IBV_RATE_2_5_GBPS, 1, 2500),
+    (IBV_RATE_5_GBPS, 2, 5000),
+    (IBV_RATE_10_GBPS, 4, 10000),
+    (IBV_RATE_20_GBPS, 8, 20000),
+    (IBV_RATE_30_GBPS, 12, 30000),
+    (IBV_RATE_40_GBPS, 16, 40000),
+    (IBV_RATE_60_GBPS, 24, 60000),
+    (IBV_RATE_80_GBPS, 32, 80000),
+    (IBV_RATE_120_GBPS, 48, 120000),
+    (IBV_RATE_14_GBPS, -1, 14062),
+    (IBV_RATE_56_GBPS, -1, 56250),
+    (IBV_RATE_112_GBPS, -1, 112500),
+    (IBV_RATE_168_GBPS, -1, 168750),
+    (IBV_RATE_25_GBPS, -1, 25781),
+    (IBV_RATE_100_GBPS, -1, 103125),
+    (IBV_RATE_200_GBPS, -1, 206250),
+    (IBV_RATE_300_GBPS, -1, 309375),
+    (IBV_RATE_28_GBPS, -1, 28125),
+    (IBV_RATE_50_GBPS, -1, 53125),
+    (IBV_RATE_400_GBPS, -1, 425000),
+    (IBV_RATE_600_GBPS, -1, 637500),
+    (IBV_RATE_800_GBPS, -1, 850000),
+];
+
+#[no_mangle]
+pub extern "C" fn ibv_rate_to_mult(rate: ibv_rate) -> c_int {
+    RATES.iter().find(|r| r.0 == rate).map_or(-1, |r| r.1)
+}
+
+#[no_mangle]
+pub extern "C" fn mult_to_ibv_rate(mult: c_int) -> ibv_rate {
+    RATES
+        .iter()
+        .find(|r| r.1 == mult && mult > 0)
+        .map_or(IBV_RATE_MAX, |r| r.0)
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_rate_to_mbps(rate: ibv_rate) -> c_int {
+    RATES.iter().find(|r| r.0 == rate).map_or(-1, |r| r.2)
+}
+
+#[no_mangle]
+pub extern "C" fn mbps_to_ibv_rate(mbps: c_int) -> ibv_rate {
+    RATES
+        .iter()
+        .find(|r| r.2 == mbps)
+        .map_or(IBV_RATE_MAX, |r| r.0)
 }
 
 #[cfg(test)]

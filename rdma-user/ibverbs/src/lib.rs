@@ -13,6 +13,7 @@
 
 mod absent;
 mod device;
+mod events;
 pub mod ffi;
 mod verbs;
 

@@ -14,6 +14,7 @@ use std::collections::HashSet;
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::mem::size_of;
 use std::ptr;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -130,6 +131,30 @@ struct Qp {
     cap: ibv_qp_cap,
     sq_sig_all: bool,
     ctx: &'static Context,
+    /// Asynchronous events handed out for this QP, and acknowledged:
+    /// destroying it waits until they are equal, as rdma-core's does.
+    events_reported: AtomicU32,
+    events_acked: AtomicU32,
+}
+
+/// The live QP `qpn` of `context`, counted as having one more event out.
+pub(crate) fn qp_reported(context: *mut ibv_context, qpn: u32) -> Option<*mut ibv_qp> {
+    let live = QPS.0.lock().unwrap_or_else(|e| e.into_inner());
+    live.as_ref()?.iter().find_map(|&p| {
+        // SAFETY: addresses in the set are live Qp boxes (see Live::get).
+        let q = unsafe { &*(p as *const Qp) };
+        (q.qp.qp_num == qpn && q.qp.context == context).then(|| {
+            q.events_reported.fetch_add(1, Ordering::AcqRel);
+            p as *mut ibv_qp
+        })
+    })
+}
+
+/// `ibv_ack_async_event` of a QP event.
+pub(crate) fn qp_event_acked(qp: *mut ibv_qp) {
+    if let Some(q) = QPS.get::<Qp, _>(qp) {
+        q.events_acked.fetch_add(1, Ordering::AcqRel);
+    }
 }
 
 /// The data path of a context, started on first use (not at
@@ -157,6 +182,7 @@ fn data_path(c: &'static Context) -> Result<verbs::Context, c_int> {
         polling,
         cpu,
         boost,
+        events: Some(c.events.clone()),
     };
     match verbs::Context::open(c.netdev(), opts) {
         Ok(d) => {
@@ -260,9 +286,8 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
         if addr.is_null() || length == 0 {
             return err_ptr(libc::EINVAL);
         }
-        if iova != addr as u64 {
-            // Peers address the region by its virtual address in this stack.
-            return err_ptr(libc::EOPNOTSUPP);
+        if iova.checked_add(length as u64).is_none() {
+            return err_ptr(libc::EINVAL);
         }
         let acc = match access_of(access as c_int) {
             Ok(a) => a,
@@ -270,7 +295,7 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
         };
         // SAFETY: ibv_reg_mr's contract: the memory stays the caller's and
         // mapped until ibv_dereg_mr, which deregisters it first.
-        match unsafe { p.inner.reg_mr_raw(addr as *mut u8, length, acc) } {
+        match unsafe { p.inner.reg_mr_raw(addr as *mut u8, length, iova, acc) } {
             Ok(m) => {
                 let b = Box::into_raw(Box::new(Mr {
                     mr: ibv_mr {
@@ -512,16 +537,16 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_in
 }
 
 /// `ctx->ops.req_notify_cq`: the next completion raises an event on the
-/// CQ's channel. Solicited-only is taken as any completion (a superset:
-/// programs poll the CQ after an event anyway).
-unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, _solicited_only: c_int) -> c_int {
+/// CQ's channel; with `solicited_only`, the next solicited or
+/// unsuccessful one.
+unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
     let Some(c) = CQS.get::<Cq, _>(cq) else {
         return libc::EINVAL;
     };
     if c.cq.channel.is_null() {
         return libc::EINVAL;
     }
-    c.shared.arm();
+    c.shared.arm(solicited_only != 0);
     0
 }
 
@@ -671,6 +696,8 @@ pub unsafe extern "C" fn ibv_create_qp(
                     cap: granted,
                     sq_sig_all: a.sq_sig_all != 0,
                     ctx,
+                    events_reported: AtomicU32::new(0),
+                    events_acked: AtomicU32::new(0),
                 }));
                 QPS.add(b);
                 b as *mut ibv_qp
@@ -686,6 +713,12 @@ pub unsafe extern "C" fn ibv_create_qp(
 pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     guard(libc::EIO, || {
         QPS.destroy::<Qp, _>(qp, |q| {
+            // rdma-core blocks until every event reported for the QP was
+            // acknowledged (the program may still be reading one).
+            while q.events_acked.load(Ordering::Acquire) < q.events_reported.load(Ordering::Acquire)
+            {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
             let inner = q.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
             inner.map_or(Ok(()), |i| i.destroy().map_err(|e| e.errno()))
         })

@@ -122,6 +122,7 @@ impl WcJson {
             byte_len: self.byte_len,
             imm: self.imm,
             qp_num: self.qp_num,
+            solicited: false,
         })
     }
 }

@@ -21,7 +21,7 @@ use crate::transport::{
     Nanos, QpAttr, QpCap, QpEngine, QpState, QpStats, RecvWr, SendWr, Wc, WcOpcode,
 };
 
-use super::rings::{CqShared, Doorbell, QpRings};
+use super::rings::{AsyncEvent, AsyncShared, CqShared, Doorbell, QpRings};
 use crate::wire::{
     ipv4_mapped_gid, udp_sport_for_qps, EthernetRepr, IpRepr, Ipv4Repr, Ipv6Repr, RoceRepr,
     TransportRepr, UdpRepr, WireError, ETH_P_IPV4, ETH_P_IPV6, ICRC_LEN, IPPROTO_UDP,
@@ -160,6 +160,9 @@ struct QpSlot {
     rings: Option<Arc<QpRings>>,
     moved_send: u64,
     moved_recv: u64,
+    /// The state the last control call or drain saw (an engine-made
+    /// change into the error state raises `AsyncEvent::QpFatal`).
+    state_seen: QpState,
 }
 
 impl QpSlot {
@@ -288,6 +291,8 @@ pub struct Core {
     qp_order: Vec<u32>,
     /// Rung by posters and control calls while the thread waits.
     pub doorbell: Option<Arc<Doorbell>>,
+    /// Where the device's asynchronous events go (a verbs context's).
+    pub async_events: Option<Arc<AsyncShared>>,
 }
 
 pub struct DataPath {
@@ -327,6 +332,7 @@ impl Core {
             rr: 0,
             qp_order: Vec::new(),
             doorbell: None,
+            async_events: None,
         }
     }
 
@@ -458,6 +464,7 @@ impl Core {
                 rings: None,
                 moved_send: 0,
                 moved_recv: 0,
+                state_seen: QpState::Reset,
             },
         );
         self.qp_order.push(qpn);
@@ -495,7 +502,13 @@ impl Core {
     pub fn modify_qp(&mut self, qpn: u32, attr: &QpAttr) -> Result<()> {
         let slot = self.qps.get_mut(&qpn).ok_or(DeviceError::NoQp(qpn))?;
         let r = slot.qp.modify(attr);
-        Self::drain_wcs(slot, &mut self.cqs, &mut self.stats);
+        slot.state_seen = slot.qp.state();
+        Self::drain_wcs(
+            slot,
+            &mut self.cqs,
+            &mut self.stats,
+            self.async_events.as_deref(),
+        );
         Ok(r?)
     }
 
@@ -553,7 +566,12 @@ impl Core {
                 slot.moved_send += 1;
             }
             if (slot.moved_send, slot.moved_recv) != before {
-                Self::drain_wcs(slot, &mut self.cqs, &mut self.stats);
+                Self::drain_wcs(
+                    slot,
+                    &mut self.cqs,
+                    &mut self.stats,
+                    self.async_events.as_deref(),
+                );
                 any = true;
             }
         }
@@ -639,10 +657,31 @@ impl Core {
             &frame[layout.payload.clone()],
             &mut self.mem,
         );
-        Self::drain_wcs(slot, &mut self.cqs, &mut self.stats);
+        Self::drain_wcs(
+            slot,
+            &mut self.cqs,
+            &mut self.stats,
+            self.async_events.as_deref(),
+        );
     }
 
-    fn drain_wcs(slot: &mut QpSlot, cqs: &mut HashMap<u32, CqRing>, stats: &mut DpStats) {
+    fn drain_wcs(
+        slot: &mut QpSlot,
+        cqs: &mut HashMap<u32, CqRing>,
+        stats: &mut DpStats,
+        events: Option<&AsyncShared>,
+    ) {
+        let state = slot.qp.state();
+        if state != slot.state_seen {
+            // modify_qp updates state_seen itself: a change seen here is
+            // the engine's own, and one into the error state is fatal.
+            if state == QpState::Err {
+                if let Some(e) = events {
+                    e.push(AsyncEvent::QpFatal(slot.qp.qpn()));
+                }
+            }
+            slot.state_seen = state;
+        }
         if let Some(r) = &slot.rings {
             // Before the completions: a poller that sees one sees its WR
             // retired too (queue depth), and the state it left the QP in.
@@ -671,7 +710,12 @@ impl Core {
             if let Some(t) = slot.qp.poll_timeout() {
                 if t <= now {
                     slot.qp.handle_timeout(now);
-                    Self::drain_wcs(slot, &mut self.cqs, &mut self.stats);
+                    Self::drain_wcs(
+                        slot,
+                        &mut self.cqs,
+                        &mut self.stats,
+                        self.async_events.as_deref(),
+                    );
                 }
             }
             if let Some(t) = slot.qp.poll_timeout() {
@@ -684,7 +728,12 @@ impl Core {
     /// Drains completions that posting produced (flushes in ERR, local errors).
     pub fn collect_wcs(&mut self, qpn: u32) {
         if let Some(slot) = self.qps.get_mut(&qpn) {
-            Self::drain_wcs(slot, &mut self.cqs, &mut self.stats);
+            Self::drain_wcs(
+                slot,
+                &mut self.cqs,
+                &mut self.stats,
+                self.async_events.as_deref(),
+            );
         }
     }
 
@@ -722,11 +771,21 @@ impl Core {
                         0
                     }
                 };
-                Self::drain_wcs(slot, &mut self.cqs, &mut self.stats);
+                Self::drain_wcs(
+                    slot,
+                    &mut self.cqs,
+                    &mut self.stats,
+                    self.async_events.as_deref(),
+                );
                 self.rr = (idx + 1) % n;
                 return len;
             }
-            Self::drain_wcs(slot, &mut self.cqs, &mut self.stats);
+            Self::drain_wcs(
+                slot,
+                &mut self.cqs,
+                &mut self.stats,
+                self.async_events.as_deref(),
+            );
         }
         if too_small {
             crate::io::xsk::NEEDS_LARGER

@@ -20,8 +20,8 @@ use std::sync::{Arc, OnceLock};
 use crossbeam_queue::ArrayQueue;
 
 use crate::transport::{
-    check_recv, check_send, PostError, QpState, RecvWr, SendFlags, SendWr, Sge, Wc, WrOpcode,
-    MAX_INLINE, MAX_SGE,
+    check_recv, check_send, PostError, QpState, RecvWr, SendFlags, SendWr, Sge, Wc, WcStatus,
+    WrOpcode, MAX_INLINE, MAX_SGE,
 };
 
 /// Wakes the data path thread when it waits for work (adaptive polling):
@@ -324,12 +324,18 @@ impl QpRings {
     }
 }
 
+const DISARMED: u8 = 0;
+const ARMED_ANY: u8 = 1;
+const ARMED_SOLICITED: u8 = 2;
+
 /// A CQ's completions and notification; see the module docs.
 pub struct CqShared {
     ring: ArrayQueue<Wc>,
     /// Completions lost because the ring was full (a CQ overrun).
     pub overflows: AtomicU64,
-    armed: AtomicBool,
+    /// Armed for the next completion (`ARMED_ANY`) or the next solicited
+    /// or unsuccessful one (`ARMED_SOLICITED`); `DISARMED` once fired.
+    armed: AtomicU8,
     /// The completion channel's eventfd, or -1.
     event_fd: i32,
     /// Which CQs fired, for the channel's `ibv_get_cq_event`.
@@ -352,7 +358,7 @@ impl CqShared {
         CqShared {
             ring: ArrayQueue::new(depth.max(1)),
             overflows: AtomicU64::new(0),
-            armed: AtomicBool::new(false),
+            armed: AtomicU8::new(DISARMED),
             event_fd: fd,
             fired,
             token,
@@ -382,18 +388,31 @@ impl CqShared {
         self.ring.is_empty()
     }
 
-    /// `ibv_req_notify_cq`: the next completion raises an event. If one is
-    /// already waiting, it fires now (no completion is missed between a
-    /// poll that found nothing and the arm).
-    pub fn arm(&self) {
-        self.armed.store(true, Ordering::SeqCst);
+    /// `ibv_req_notify_cq`: the next completion raises an event, or with
+    /// `solicited_only` the next solicited or unsuccessful one. Armed for
+    /// any, it fires now if one is already waiting (no completion is
+    /// missed between a poll that found nothing and the arm).
+    pub fn arm(&self, solicited_only: bool) {
+        if solicited_only {
+            // Only a new solicited completion may fire (as on a NIC); one
+            // already queued is the program's to poll.
+            let _ = self.armed.compare_exchange(
+                DISARMED,
+                ARMED_SOLICITED,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            );
+            return;
+        }
+        // Arming for any completion widens a solicited-only arm.
+        self.armed.store(ARMED_ANY, Ordering::SeqCst);
         if !self.ring.is_empty() {
             self.fire();
         }
     }
 
     fn fire(&self) {
-        if !self.armed.swap(false, Ordering::SeqCst) {
+        if self.armed.swap(DISARMED, Ordering::SeqCst) == DISARMED {
             return;
         }
         let fd = self.event_fd;
@@ -411,9 +430,81 @@ impl CqShared {
         if !ok {
             self.overflows.fetch_add(1, Ordering::Relaxed);
         }
-        if self.armed.load(Ordering::SeqCst) {
-            self.fire();
+        match self.armed.load(Ordering::SeqCst) {
+            DISARMED => {}
+            ARMED_SOLICITED if wc.solicited || wc.status != WcStatus::Success => self.fire(),
+            ARMED_SOLICITED => {}
+            _ => self.fire(),
         }
         ok
+    }
+}
+
+/// An asynchronous event of a device, as `ibv_get_async_event` reports
+/// them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AsyncEvent {
+    /// The engine moved this QP to the error state by itself (retries or
+    /// RNR retries exhausted, a NAK, a protocol violation): its WRs
+    /// complete with errors, and nothing more will move on it.
+    QpFatal(u32),
+    /// The port's link came up.
+    PortActive,
+    /// The port's link went down.
+    PortErr,
+}
+
+/// A device's asynchronous events: a queue and the eventfd that is the
+/// context's `async_fd` (a semaphore eventfd: one count per event, so a
+/// blocking read waits for exactly the next one, and it works in
+/// poll/epoll with O_NONBLOCK).
+#[derive(Debug)]
+pub struct AsyncShared {
+    ring: ArrayQueue<AsyncEvent>,
+    fd: i32,
+    /// Events dropped because nobody read the queue (it holds 256).
+    pub lost: AtomicU64,
+}
+
+impl AsyncShared {
+    pub fn new() -> std::io::Result<AsyncShared> {
+        // SAFETY: eventfd takes no pointers.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(AsyncShared {
+            ring: ArrayQueue::new(256),
+            fd,
+            lost: AtomicU64::new(0),
+        })
+    }
+
+    pub fn fd(&self) -> i32 {
+        self.fd
+    }
+
+    /// Queues an event and counts it on the eventfd (a rare, control-path
+    /// syscall: an event is a state change, never per packet).
+    pub fn push(&self, ev: AsyncEvent) {
+        if self.ring.push(ev).is_err() {
+            self.lost.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let one: u64 = 1;
+        // SAFETY: 8 bytes from a local to our eventfd.
+        let _ = unsafe { libc::write(self.fd, &one as *const u64 as *const libc::c_void, 8) };
+    }
+
+    /// The next event, after a read of the eventfd took its count.
+    pub fn pop(&self) -> Option<AsyncEvent> {
+        self.ring.pop()
+    }
+}
+
+impl Drop for AsyncShared {
+    fn drop(&mut self) {
+        // SAFETY: our fd, closed once.
+        unsafe { libc::close(self.fd) };
     }
 }

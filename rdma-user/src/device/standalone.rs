@@ -29,6 +29,7 @@ pub const NO_WC: Wc = Wc {
     byte_len: 0,
     imm: None,
     qp_num: 0,
+    solicited: false,
 };
 
 /// What keeps a device's XDP program attached and its interface locked

@@ -67,6 +67,7 @@ fn send_wc(cq: &mut VecDeque<Wc>, qpn: u32, w: &SendWqe, status: WcStatus, force
             },
             imm: None,
             qp_num: qpn,
+            solicited: false,
         });
     }
 }

@@ -583,6 +583,7 @@ impl QpEngine {
                 byte_len: 0,
                 imm: None,
                 qp_num: self.qpn,
+                solicited: false,
             });
         }
         self.req.cur = 0;
@@ -609,6 +610,7 @@ impl QpEngine {
             byte_len: 0,
             imm: None,
             qp_num: self.qpn,
+            solicited: false,
         });
     }
 

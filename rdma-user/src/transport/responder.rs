@@ -163,6 +163,7 @@ impl QpEngine {
                 byte_len: 0,
                 imm: None,
                 qp_num: self.qpn,
+                solicited: false,
             });
             return Ok(());
         }
@@ -341,6 +342,7 @@ impl QpEngine {
                 byte_len: 0,
                 imm: None,
                 qp_num: self.qpn,
+                solicited: false,
             });
         }
         self.enter_error();
@@ -451,6 +453,7 @@ impl QpEngine {
                     byte_len: offset + plen,
                     imm: t.imm,
                     qp_num: self.qpn,
+                    solicited: t.bth.solicited,
                 });
                 self.resp.in_msg = InMsg::None;
                 self.resp.msn = psn_add(self.resp.msn, 1);
@@ -520,6 +523,7 @@ impl QpEngine {
                         byte_len: total,
                         imm: t.imm,
                         qp_num: self.qpn,
+                        solicited: t.bth.solicited,
                     });
                 }
                 self.resp.in_msg = InMsg::None;

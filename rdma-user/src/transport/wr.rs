@@ -250,4 +250,7 @@ pub struct Wc {
     pub byte_len: u32,
     pub imm: Option<u32>,
     pub qp_num: u32,
+    /// A receive completion of a message with the Solicited Event bit
+    /// (what `ibv_req_notify_cq(cq, 1)` waits for).
+    pub solicited: bool,
 }

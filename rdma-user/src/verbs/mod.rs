@@ -17,7 +17,7 @@ use std::thread::JoinHandle;
 
 use crate::device::datapath::{Connect, DataPath, Path};
 use crate::device::error::DeviceError;
-use crate::device::rings::{CqShared, Doorbell, OwnedRecvWr, OwnedSendWr, QpRings};
+use crate::device::rings::{AsyncShared, CqShared, Doorbell, OwnedRecvWr, OwnedSendWr, QpRings};
 use crate::device::runner::shared_data_path_loop;
 use crate::device::standalone::{Attachment, Standalone};
 use crate::io::xdp::XdpMode;
@@ -91,6 +91,8 @@ pub struct ContextOptions {
     /// Raise the (adaptive) data path thread's priority when allowed
     /// ([`crate::device::runner::make_latency_sensitive`]).
     pub boost: bool,
+    /// Where asynchronous events go (QP fatal); none: dropped.
+    pub events: Option<Arc<AsyncShared>>,
 }
 
 /// An open device: the data path thread and what keeps XDP attached.
@@ -148,6 +150,7 @@ impl Context {
             Doorbell::new().map_err(|e| Error::Open(format!("create the doorbell: {e}")))?,
         );
         dp.core.doorbell = Some(doorbell.clone());
+        dp.core.async_events = opts.events.clone();
         let stop = Arc::new(AtomicBool::new(false));
         let dp = Arc::new(Mutex::new(dp));
         let thread = {
@@ -264,18 +267,24 @@ impl Pd {
     }
 
     /// Registers memory the caller owns, in place (the engine reads and
-    /// writes it directly; peers address it by its virtual address).
+    /// writes it directly). Local SGEs and peers address it from `iova`
+    /// (`ibv_reg_mr_iova2`; `ibv_reg_mr` passes the virtual address).
     ///
     /// # Safety
     /// `ptr..ptr+len` stays mapped and writable until the region is
     /// deregistered (`Mr::dereg`, which returns once the data path can no
     /// longer touch it).
-    pub unsafe fn reg_mr_raw(&self, ptr: *mut u8, len: usize, access: Access) -> Result<Mr> {
+    pub unsafe fn reg_mr_raw(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<Mr> {
         let pdn = self.pdn;
-        let (p, iova) = (ptr as usize, ptr as u64);
-        let (lkey, rkey) = self.ctx.call(move |dp| {
+        let (lkey, rkey) = self.ctx.call(|dp| {
             // SAFETY: the caller's guarantee, passed on.
-            unsafe { dp.core.reg_mr_raw(pdn, p as *mut u8, len, iova, access) }
+            unsafe { dp.core.reg_mr_raw(pdn, ptr, len, iova, access) }
         })?;
         Ok(Mr {
             ctx: self.ctx.clone(),

@@ -221,6 +221,7 @@ pub fn verbs_demo(a: &str, b: &str) -> Result<()> {
         polling: Polling::Adaptive,
         cpu: None,
         boost: false,
+        events: None,
     };
     let (ca, cb) = (Context::open(a, opts.clone())?, Context::open(b, opts)?);
     let (pa, pb) = (ca.alloc_pd()?, cb.alloc_pd()?);
