@@ -223,6 +223,9 @@ fn unmodified_rc_pingpong_checks_its_data_over_the_library() {
         &["-s", "4096", "-n", "50"],
         &["-s", "65536", "-n", "20"],
         &["-s", "4096", "-n", "50", "-e"],
+        // -N: the ibv_wr_* send path (ibv_create_qp_ex, ibv_qp_to_qp_ex).
+        &["-s", "4096", "-n", "50", "-N"],
+        &["-s", "65536", "-n", "20", "-N", "-e"],
     ] {
         let mut a = vec!["ibv_rc_pingpong", "-g", "1", "-c"];
         a.extend_from_slice(args);
@@ -239,26 +242,67 @@ fn unmodified_perftest_runs_over_the_library() {
     library();
     let _g = lab::serial();
     let lab = lab::Lab::new(1500);
-    for (tool, size) in [
-        ("ib_write_lat", "2"),
-        ("ib_send_lat", "2"),
-        ("ib_read_lat", "2"),
-        ("ib_atomic_lat", ""),
-        ("ib_write_bw", "5000"),
-        ("ib_read_bw", "5000"),
-        ("ib_send_bw", "5000"),
+    let mut runs: Vec<Vec<&str>> = Vec::new();
+    for tool in [
+        "ib_write_lat",
+        "ib_send_lat",
+        "ib_read_lat",
+        "ib_write_bw",
+        "ib_read_bw",
+        "ib_send_bw",
     ] {
-        let mut a = vec![tool, "-x", "1", "-n", "20"];
-        if !size.is_empty() {
-            a.extend_from_slice(&["-s", size]);
+        for size in ["2", "5000", "1048576"] {
+            runs.push(vec![tool, "-x", "1", "-n", "20", "-s", size]);
         }
-        let (c, _s) = pair(&lab, &a, &a);
-        let bytes = if size.is_empty() { "8" } else { size };
-        let line = c
-            .lines()
-            .find(|l| l.split_whitespace().next() == Some(bytes))
-            .unwrap_or_else(|| panic!("{tool}: no result line for {bytes} B:\n{c}"));
-        assert_eq!(line.split_whitespace().nth(1), Some("20"), "{tool}: {line}");
+    }
+    runs.push(vec!["ib_atomic_lat", "-x", "1", "-n", "20"]);
+    // Every size from 2 B to 8 MiB; two QPs; Gb/s reporting.
+    runs.push(vec!["ib_write_lat", "-x", "1", "-n", "5", "-a"]);
+    runs.push(vec!["ib_write_bw", "-x", "1", "-n", "5", "-a"]);
+    runs.push(vec![
+        "ib_write_bw",
+        "-x",
+        "1",
+        "-n",
+        "20",
+        "-s",
+        "5000",
+        "-q",
+        "2",
+    ]);
+    runs.push(vec![
+        "ib_send_bw",
+        "-x",
+        "1",
+        "-n",
+        "20",
+        "-s",
+        "5000",
+        "--report_gbits",
+    ]);
+    for a in &runs {
+        let (c, _s) = pair(&lab, a, a);
+        // perftest counts iterations over all QPs (-q).
+        let arg = |k: &str| a.iter().position(|x| *x == k).map(|i| a[i + 1]);
+        let qps: u64 = arg("-q").map_or(1, |q| q.parse().unwrap());
+        let n = (arg("-n").unwrap().parse::<u64>().unwrap() * qps).to_string();
+        let sizes: Vec<u64> = if a.contains(&"-a") {
+            (1..=23).map(|k| 1u64 << k).collect()
+        } else {
+            let s = a.iter().position(|x| *x == "-s");
+            vec![s.map_or(8, |i| a[i + 1].parse().unwrap())]
+        };
+        for bytes in sizes {
+            let line = c
+                .lines()
+                .find(|l| l.split_whitespace().next() == Some(&bytes.to_string()))
+                .unwrap_or_else(|| panic!("{a:?}: no result line for {bytes} B:\n{c}"));
+            assert_eq!(
+                line.split_whitespace().nth(1),
+                Some(n.as_str()),
+                "{a:?}: {line}"
+            );
+        }
     }
 }
 

@@ -228,6 +228,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         });
         c.vctx.sz = size_of::<verbs_context>();
         c.vctx.query_port = Some(query_port_ex);
+        c.vctx.create_qp_ex = Some(crate::verbs::create_qp_ex);
         let ctx = &mut c.vctx.context;
         crate::verbs::set_ops(&mut ctx.ops);
         ctx.device = device;

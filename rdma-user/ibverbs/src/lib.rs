@@ -16,6 +16,7 @@ mod device;
 mod events;
 pub mod ffi;
 mod verbs;
+mod wr;
 
 pub use device::*;
 

@@ -121,7 +121,13 @@ struct Channel {
 
 #[repr(C)]
 struct Qp {
-    qp: ibv_qp,
+    /// What the program holds: `ibv_qp` (first, `qp_base`) inside
+    /// `ibv_qp_ex`, as rdma-core's `verbs_qp` lays them out.
+    qpx: ibv_qp_ex,
+    /// Created by `ibv_create_qp_ex` with send ops: `ibv_qp_to_qp_ex`
+    /// answers, and the `ibv_wr_*` calls build into `batch`.
+    ex: bool,
+    batch: Mutex<crate::wr::Batch>,
     inner: Mutex<Option<verbs::Qp>>,
     /// The work rings; the lock serialises this QP's posting threads only
     /// (the data path never takes it).
@@ -143,7 +149,7 @@ pub(crate) fn qp_reported(context: *mut ibv_context, qpn: u32) -> Option<*mut ib
     live.as_ref()?.iter().find_map(|&p| {
         // SAFETY: addresses in the set are live Qp boxes (see Live::get).
         let q = unsafe { &*(p as *const Qp) };
-        (q.qp.qp_num == qpn && q.qp.context == context).then(|| {
+        (q.qpx.qp_base.qp_num == qpn && q.qpx.qp_base.context == context).then(|| {
             q.events_reported.fetch_add(1, Ordering::AcqRel);
             p as *mut ibv_qp
         })
@@ -608,6 +614,63 @@ pub unsafe extern "C" fn ibv_create_qp(
     pd: *mut ibv_pd,
     attr: *mut ibv_qp_init_attr,
 ) -> *mut ibv_qp {
+    // SAFETY: the same contract.
+    unsafe { create_qp(pd, attr, None) }
+}
+
+/// The send operations `ibv_wr_*` supports here (an RC QP's).
+const SEND_OPS: u64 = (IBV_QP_EX_WITH_RDMA_WRITE
+    | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
+    | IBV_QP_EX_WITH_SEND
+    | IBV_QP_EX_WITH_SEND_WITH_IMM
+    | IBV_QP_EX_WITH_RDMA_READ
+    | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
+    | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD) as u64;
+
+/// `verbs_context.create_qp_ex` (what the inline `ibv_create_qp_ex` calls
+/// for more than a PD): an RC QP, with the `ibv_wr_*` send path when
+/// send ops are asked for.
+pub(crate) unsafe extern "C" fn create_qp_ex(
+    context: *mut ibv_context,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> *mut ibv_qp {
+    guard(ptr::null_mut(), || {
+        if attr.is_null() {
+            return err_ptr(libc::EINVAL);
+        }
+        // SAFETY: the caller's init attr.
+        let a = unsafe { &*attr };
+        let known =
+            IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+        if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
+            return err_ptr(libc::EINVAL);
+        }
+        if a.comp_mask & !known != 0
+            || (a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0)
+        {
+            return err_ptr(libc::EOPNOTSUPP);
+        }
+        let ops = (a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0).then_some(a.send_ops_flags);
+        if ops.is_some_and(|o| o & !SEND_OPS != 0) {
+            return err_ptr(libc::EOPNOTSUPP);
+        }
+        match PDS.get::<Pd, _>(a.pd) {
+            Some(p) if p.pd.context == context => {}
+            _ => return err_ptr(libc::EINVAL),
+        }
+        // SAFETY: ibv_qp_init_attr_ex begins with ibv_qp_init_attr's
+        // fields (rdma-core's layout), so the prefix is one.
+        unsafe { create_qp(a.pd, attr as *mut ibv_qp_init_attr, ops) }
+    })
+}
+
+/// # Safety
+/// As `ibv_create_qp`; `send_ops`: the `ibv_wr_*` path is wanted.
+unsafe fn create_qp(
+    pd: *mut ibv_pd,
+    attr: *mut ibv_qp_init_attr,
+    send_ops: Option<u64>,
+) -> *mut ibv_qp {
     guard(ptr::null_mut(), || {
         let Some(p) = PDS.get::<Pd, _>(pd) else {
             return err_ptr(libc::EINVAL);
@@ -677,8 +740,8 @@ pub unsafe extern "C" fn ibv_create_qp(
                     return err_ptr(e.errno());
                 }
                 a.cap = granted;
-                let b = Box::into_raw(Box::new(Qp {
-                    qp: ibv_qp {
+                let mut qpx = ibv_qp_ex {
+                    qp_base: ibv_qp {
                         context: p.pd.context,
                         qp_context: a.qp_context,
                         pd,
@@ -690,6 +753,15 @@ pub unsafe extern "C" fn ibv_create_qp(
                         qp_type: IBV_QPT_RC,
                         ..Default::default()
                     },
+                    ..Default::default()
+                };
+                if send_ops.is_some() {
+                    crate::wr::set_ops(&mut qpx);
+                }
+                let b = Box::into_raw(Box::new(Qp {
+                    qpx,
+                    ex: send_ops.is_some(),
+                    batch: Mutex::new(crate::wr::Batch::with_capacity(granted.max_send_wr)),
                     inner: Mutex::new(Some(inner)),
                     rings: Mutex::new(rings),
                     dp: p.inner.context().clone(),
@@ -945,9 +1017,9 @@ pub unsafe extern "C" fn ibv_query_qp(
         ..Default::default()
     };
     let ia = ibv_qp_init_attr {
-        qp_context: q.qp.qp_context,
-        send_cq: q.qp.send_cq,
-        recv_cq: q.qp.recv_cq,
+        qp_context: q.qpx.qp_base.qp_context,
+        send_cq: q.qpx.qp_base.send_cq,
+        recv_cq: q.qpx.qp_base.recv_cq,
         cap: q.cap,
         qp_type: IBV_QPT_RC,
         sq_sig_all: q.sq_sig_all as c_int,
@@ -967,9 +1039,49 @@ pub unsafe extern "C" fn ibv_query_qp(
 /// # Safety
 /// Any pointer.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_qp_to_qp_ex(_qp: *mut ibv_qp) -> *mut c_void {
-    set_errno(libc::EOPNOTSUPP);
-    ptr::null_mut()
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut c_void {
+    match QPS.get::<Qp, _>(qp) {
+        Some(q) if q.ex => qp as *mut c_void,
+        _ => ptr::null_mut(),
+    }
+}
+
+/// The `ibv_wr_*` calls' way in: the QP behind `qpx` and its batch, and
+/// what posts it.
+pub(crate) fn with_batch<R>(
+    qpx: *mut ibv_qp_ex,
+    f: impl FnOnce(&mut crate::wr::Batch) -> R,
+) -> Option<R> {
+    let q = QPS.get::<Qp, _>(qpx as *mut ibv_qp)?;
+    let mut b = q.batch.lock().unwrap_or_else(|e| e.into_inner());
+    Some(f(&mut b))
+}
+
+/// `ibv_wr_complete`: posts the batch through the post path, in order;
+/// the errno of the first WR refused (those before it are posted).
+pub(crate) fn post_batch(qpx: *mut ibv_qp_ex) -> c_int {
+    let Some(q) = QPS.get::<Qp, _>(qpx as *mut ibv_qp) else {
+        return libc::EINVAL;
+    };
+    let mut b = q.batch.lock().unwrap_or_else(|e| e.into_inner());
+    let rings = q.rings.lock().unwrap_or_else(|e| e.into_inner());
+    let mut ret = b.error.take().unwrap_or(0);
+    let mut posted = 0;
+    if ret == 0 {
+        for p in b.wrs.iter_mut() {
+            let wr = p.as_send_wr();
+            if let Err(e) = post_one(q, &rings, &wr) {
+                ret = e;
+                break;
+            }
+            posted += 1;
+        }
+    }
+    b.wrs.clear();
+    if posted > 0 {
+        moved(q, &rings);
+    }
+    ret
 }
 
 fn sges<'a>(list: *mut ibv_sge, n: c_int) -> Result<&'a [ibv_sge], c_int> {

@@ -194,6 +194,47 @@ int main(int argc, char **argv)
 	printf("dereg in use: %s\n", ibv_wc_status_str(wc.status));
 	CHECK("destroy_qp", ibv_destroy_qp(qp) == 0, "");
 
+	/* The ibv_wr_* path: only a QP created with send ops has one. */
+	qp = rc_qp(pd, cq, 2, 2);
+	CHECK("qp_to_qp_ex of a plain QP is NULL", qp && ibv_qp_to_qp_ex(qp) == NULL, "");
+	CHECK("destroy_qp", ibv_destroy_qp(qp) == 0, "");
+	struct ibv_qp_init_attr_ex ax = {
+		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC, .pd = pd,
+		.cap = { .max_send_wr = 2, .max_recv_wr = 2, .max_send_sge = 1, .max_recv_sge = 1 },
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+		.send_ops_flags = IBV_QP_EX_WITH_BIND_MW,
+	};
+	errno = 0;
+	CHECK("create_qp_ex with a send op we lack is NULL/EOPNOTSUPP",
+	      !ibv_create_qp_ex(ctx, &ax) && errno == EOPNOTSUPP, "errno %d", errno);
+	ax.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE;
+	struct ibv_qp *xq = ibv_create_qp_ex(ctx, &ax);
+	CHECK("create_qp_ex with send ops", xq != NULL, "errno %d", errno);
+	struct ibv_qp_ex *qx = ibv_qp_to_qp_ex(xq);
+	CHECK("qp_to_qp_ex", qx != NULL && &qx->qp_base == xq, "");
+	CHECK("INIT", to_init(xq) == 0, "");
+	ibv_wr_start(qx);
+	qx->wr_id = 1;
+	qx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_send(qx);
+	ibv_wr_set_sge(qx, mr->lkey, (uintptr_t)buf, 8);
+	CHECK("wr_complete in INIT is EINVAL", ibv_wr_complete(qx) == EINVAL, "");
+	CHECK("RTS", to_rts(xq, argv[2]) == 0, "");
+	ibv_wr_start(qx);
+	for (int i = 0; i < 3; i++) {
+		qx->wr_id = 10 + i;
+		ibv_wr_rdma_write(qx, 0x1234, 0x1000);
+		ibv_wr_set_inline_data(qx, buf, 8);
+	}
+	CHECK("wr_complete beyond the queue depth is ENOMEM", ibv_wr_complete(qx) == ENOMEM, "");
+	ibv_wr_start(qx);
+	ibv_wr_send(qx);
+	ibv_wr_abort(qx);
+	ibv_wr_start(qx);
+	CHECK("wr_complete after an abort posts nothing", ibv_wr_complete(qx) == 0, "");
+	CHECK("and nothing completes", ibv_poll_cq(cq, 1, &wc) == 0, "");
+	CHECK("destroy_qp", ibv_destroy_qp(xq) == 0, "");
+
 	CHECK("dereg_mr", ibv_dereg_mr(mr) == 0, "");
 	CHECK("dereg_mr twice is EINVAL", ibv_dereg_mr(mr) == EINVAL, "");
 	CHECK("destroy_cq", ibv_destroy_cq(cq) == 0, "");
