@@ -627,13 +627,19 @@ pub(crate) fn library_cases(quick: bool) -> Vec<Case> {
             ("send_bw", vec![2, 5000], ""),
             ("write_bw", vec![5000], " -q 2"),
             ("write_bw", vec![5000], " --report_gbits"),
+            // Every size from 2 B to 8 MiB (-a runs them all, -s aside).
+            ("write_lat", vec![2], " -a"),
         ]
     };
     let roles: &[bool] = if quick { &[true] } else { &[true, false] };
     for &rxe_server in roles {
         for (tool, sizes, extra) in &perf {
             for &s in sizes {
-                let n = if s >= 1 << 20 { 5 } else { 20 };
+                let n = if s >= 1 << 20 || extra.contains("-a") {
+                    5
+                } else {
+                    20
+                };
                 let size = (*tool != "atomic_lat").then_some(s);
                 let mut c =
                     long_timeout(perf_case("libibverbs: ", tool, "", size, n, rxe_server), s);
