@@ -242,7 +242,7 @@ fn unmodified_perftest_runs_over_the_library() {
     library();
     let _g = lab::serial();
     let lab = lab::Lab::new(1500);
-    let mut runs: Vec<Vec<&str>> = Vec::new();
+    let mut runs: Vec<String> = Vec::new();
     for tool in [
         "ib_write_lat",
         "ib_send_lat",
@@ -252,34 +252,19 @@ fn unmodified_perftest_runs_over_the_library() {
         "ib_send_bw",
     ] {
         for size in ["2", "5000", "1048576"] {
-            runs.push(vec![tool, "-x", "1", "-n", "20", "-s", size]);
+            runs.push(format!("{tool} -x 1 -n 20 -s {size}"));
         }
     }
-    runs.push(vec!["ib_atomic_lat", "-x", "1", "-n", "20"]);
+    runs.push("ib_atomic_lat -x 1 -n 20".into());
     // Every size from 2 B to 8 MiB; two QPs; Gb/s reporting.
-    runs.push(vec!["ib_write_lat", "-x", "1", "-n", "5", "-a"]);
-    runs.push(vec!["ib_write_bw", "-x", "1", "-n", "5", "-a"]);
-    runs.push(vec![
-        "ib_write_bw",
-        "-x",
-        "1",
-        "-n",
-        "20",
-        "-s",
-        "5000",
-        "-q",
-        "2",
-    ]);
-    runs.push(vec![
-        "ib_send_bw",
-        "-x",
-        "1",
-        "-n",
-        "20",
-        "-s",
-        "5000",
-        "--report_gbits",
-    ]);
+    runs.push("ib_write_lat -x 1 -n 5 -a".into());
+    runs.push("ib_write_bw -x 1 -n 5 -a".into());
+    runs.push("ib_write_bw -x 1 -n 20 -s 5000 -q 2".into());
+    runs.push("ib_send_bw -x 1 -n 20 -s 5000 --report_gbits".into());
+    let runs: Vec<Vec<&str>> = runs
+        .iter()
+        .map(|r| r.split_whitespace().collect())
+        .collect();
     for a in &runs {
         let (c, _s) = pair(&lab, a, a);
         // perftest counts iterations over all QPs (-q).

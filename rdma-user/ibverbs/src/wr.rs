@@ -169,11 +169,24 @@ unsafe extern "C" fn wr_send_imm(qpx: *mut ibv_qp_ex, imm: __be32) {
     begin(qpx, IBV_WR_SEND_WITH_IMM, |w| w.imm = imm);
 }
 
-unsafe extern "C" fn wr_rdma_write(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
-    begin(qpx, IBV_WR_RDMA_WRITE, |w| {
+/// Starts a WR of `opcode` aimed at `remote_addr` under `rkey`; `f` sets
+/// the rest.
+fn begin_remote(
+    qpx: *mut ibv_qp_ex,
+    opcode: ibv_wr_opcode,
+    rkey: u32,
+    remote_addr: u64,
+    f: impl FnOnce(&mut PendingWr),
+) {
+    begin(qpx, opcode, |w| {
         w.rkey = rkey;
         w.remote_addr = remote_addr;
+        f(w);
     });
+}
+
+unsafe extern "C" fn wr_rdma_write(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    begin_remote(qpx, IBV_WR_RDMA_WRITE, rkey, remote_addr, |_| {});
 }
 
 unsafe extern "C" fn wr_rdma_write_imm(
@@ -182,18 +195,13 @@ unsafe extern "C" fn wr_rdma_write_imm(
     remote_addr: u64,
     imm: __be32,
 ) {
-    begin(qpx, IBV_WR_RDMA_WRITE_WITH_IMM, |w| {
-        w.rkey = rkey;
-        w.remote_addr = remote_addr;
-        w.imm = imm;
+    begin_remote(qpx, IBV_WR_RDMA_WRITE_WITH_IMM, rkey, remote_addr, |w| {
+        w.imm = imm
     });
 }
 
 unsafe extern "C" fn wr_rdma_read(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
-    begin(qpx, IBV_WR_RDMA_READ, |w| {
-        w.rkey = rkey;
-        w.remote_addr = remote_addr;
-    });
+    begin_remote(qpx, IBV_WR_RDMA_READ, rkey, remote_addr, |_| {});
 }
 
 unsafe extern "C" fn wr_atomic_cmp_swp(
@@ -203,9 +211,7 @@ unsafe extern "C" fn wr_atomic_cmp_swp(
     compare: u64,
     swap: u64,
 ) {
-    begin(qpx, IBV_WR_ATOMIC_CMP_AND_SWP, |w| {
-        w.rkey = rkey;
-        w.remote_addr = remote_addr;
+    begin_remote(qpx, IBV_WR_ATOMIC_CMP_AND_SWP, rkey, remote_addr, |w| {
         w.compare_add = compare;
         w.swap = swap;
     });
@@ -217,10 +223,8 @@ unsafe extern "C" fn wr_atomic_fetch_add(
     remote_addr: u64,
     add: u64,
 ) {
-    begin(qpx, IBV_WR_ATOMIC_FETCH_AND_ADD, |w| {
-        w.rkey = rkey;
-        w.remote_addr = remote_addr;
-        w.compare_add = add;
+    begin_remote(qpx, IBV_WR_ATOMIC_FETCH_AND_ADD, rkey, remote_addr, |w| {
+        w.compare_add = add
     });
 }
 
@@ -303,8 +307,12 @@ unsafe extern "C" fn wr_set_inline_data_list(
 /// What an RC QP cannot do here (memory windows, invalidation, TSO, UD
 /// addressing, XRC, atomic write): the batch fails with EOPNOTSUPP
 /// (`ibv_create_qp_ex` refuses to promise these send ops anyway).
-unsafe extern "C" fn wr_unsupported_inv(qpx: *mut ibv_qp_ex, _rkey: u32) {
+fn unsupported(qpx: *mut ibv_qp_ex) {
     with_batch(qpx, |b| b.fail(libc::EOPNOTSUPP));
+}
+
+unsafe extern "C" fn wr_unsupported_inv(qpx: *mut ibv_qp_ex, _rkey: u32) {
+    unsupported(qpx)
 }
 
 unsafe extern "C" fn wr_unsupported_bind(
@@ -313,11 +321,11 @@ unsafe extern "C" fn wr_unsupported_bind(
     _rkey: u32,
     _info: *const ibv_mw_bind_info,
 ) {
-    with_batch(qpx, |b| b.fail(libc::EOPNOTSUPP));
+    unsupported(qpx)
 }
 
 unsafe extern "C" fn wr_unsupported_tso(qpx: *mut ibv_qp_ex, _h: *mut c_void, _sz: u16, _mss: u16) {
-    with_batch(qpx, |b| b.fail(libc::EOPNOTSUPP));
+    unsupported(qpx)
 }
 
 unsafe extern "C" fn wr_unsupported_ud(
@@ -335,7 +343,7 @@ unsafe extern "C" fn wr_unsupported_atomic_write(
     _addr: u64,
     _data: *const c_void,
 ) {
-    with_batch(qpx, |b| b.fail(libc::EOPNOTSUPP));
+    unsupported(qpx)
 }
 
 /// Fills a new QP's `ibv_qp_ex` operation table.

@@ -24,6 +24,16 @@ use crate::transport::{
     WrOpcode, MAX_INLINE, MAX_SGE,
 };
 
+/// A close-on-exec eventfd with `flags` besides.
+fn eventfd(flags: i32) -> std::io::Result<i32> {
+    // SAFETY: eventfd takes no pointers.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | flags) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
 /// Wakes the data path thread when it waits for work (adaptive polling):
 /// an eventfd it polls beside its AF_XDP sockets. Posters ring it only
 /// while the thread says it sleeps, so a busy data path costs no syscall.
@@ -36,13 +46,8 @@ pub struct Doorbell {
 
 impl Doorbell {
     pub fn new() -> std::io::Result<Doorbell> {
-        // SAFETY: eventfd takes no pointers.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
         Ok(Doorbell {
-            fd,
+            fd: eventfd(libc::EFD_NONBLOCK)?,
             sleeping: AtomicBool::new(false),
             wake_at: AtomicU64::new(u64::MAX),
         })
@@ -468,14 +473,9 @@ pub struct AsyncShared {
 
 impl AsyncShared {
     pub fn new() -> std::io::Result<AsyncShared> {
-        // SAFETY: eventfd takes no pointers.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
         Ok(AsyncShared {
             ring: ArrayQueue::new(256),
-            fd,
+            fd: eventfd(libc::EFD_SEMAPHORE)?,
             lost: AtomicU64::new(0),
         })
     }

@@ -32,18 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define CHECK(name, cond, ...)                                   \
-	do {                                                     \
-		if (cond) {                                      \
-			printf("ok %s\n", name);                 \
-			fflush(stdout);                          \
-		} else {                                         \
-			printf("FAIL %s: ", name);               \
-			printf(__VA_ARGS__);                     \
-			printf("\n");                            \
-			exit(1);                                 \
-		}                                                \
-	} while (0)
+#include "check.h"
 
 enum { KINDS = 6, LEN = 65536, HUGE = 2 << 20, IOVA = 0x40000000 };
 static const char *kind_name[KINDS] = { "heap", "memalign", "mmap", "stack", "hugepage", "iova" };

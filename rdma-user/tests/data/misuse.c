@@ -18,17 +18,7 @@
 
 static int failed;
 
-#define CHECK(name, cond, ...)                                   \
-	do {                                                     \
-		if (cond) {                                      \
-			printf("ok %s\n", name);                 \
-		} else {                                         \
-			printf("FAIL %s: ", name);               \
-			printf(__VA_ARGS__);                     \
-			printf("\n");                            \
-			exit(1);                                 \
-		}                                                \
-	} while (0)
+#include "check.h"
 
 static struct ibv_qp *rc_qp(struct ibv_pd *pd, struct ibv_cq *cq, int send, int recv)
 {
