@@ -64,10 +64,11 @@ fn dynsyms(file: &Path, imports: bool) -> BTreeSet<(String, String)> {
 }
 
 /// The Debian binaries that run over the library.
-const TOOLS: [&str; 10] = [
+const TOOLS: [&str; 11] = [
     "ibv_devices",
     "ibv_devinfo",
     "ibv_rc_pingpong",
+    "ibv_srq_pingpong",
     "ib_write_lat",
     "ib_read_lat",
     "ib_send_lat",
@@ -231,6 +232,27 @@ fn unmodified_rc_pingpong_checks_its_data_over_the_library() {
         a.extend_from_slice(args);
         let (c, s) = pair(&lab, &a, &a);
         let n = args[3];
+        for out in [&c, &s] {
+            assert!(out.contains(&format!("{n} iters in")), "{args:?}: {out}");
+        }
+    }
+}
+
+#[test]
+fn unmodified_srq_pingpong_checks_its_data_over_the_library() {
+    library();
+    let _g = lab::serial();
+    let lab = lab::Lab::new(1500);
+    // 16 RC QPs sharing one SRQ on each side; -c checks every buffer.
+    for args in [
+        &["-q", "16", "-s", "4096", "-n", "50"][..],
+        &["-q", "16", "-s", "65536", "-n", "10", "-e"],
+        &["-q", "4", "-s", "64", "-n", "200", "-r", "8"],
+    ] {
+        let mut a = vec!["ibv_srq_pingpong", "-g", "1", "-c"];
+        a.extend_from_slice(args);
+        let (c, s) = pair(&lab, &a, &a);
+        let n = args[5];
         for out in [&c, &s] {
             assert!(out.contains(&format!("{n} iters in")), "{args:?}: {out}");
         }
@@ -417,6 +439,8 @@ fn memory_kinds_access_flags_and_events_between_two_programs() {
     for check in [
         "no event for an unsolicited SEND",
         "an event for the solicited SEND",
+        "SRQ_LIMIT_REACHED",
+        "the limit disarmed itself",
         "the read-only region was not written",
         "PORT_ERR",
         "PORT_ACTIVE",

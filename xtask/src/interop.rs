@@ -613,6 +613,24 @@ pub(crate) fn library_cases(quick: bool) -> Vec<Case> {
             v.push(c);
         }
     }
+    // ibv_srq_pingpong: 16 RC QPs sharing one SRQ on each side.
+    if !quick {
+        for rxe_server in [true, false] {
+            let role = if rxe_server { "server" } else { "client" };
+            let args = "-g 1 -q 16 -s 4096 -n 20 -c";
+            let mut c = pingpong_case("libibverbs: ", 4096, 20, rxe_server, false);
+            c.name = format!("libibverbs: ibv_srq_pingpong {args}, rxe {role}");
+            c.rxe = format!(
+                "ibv_srq_pingpong -d rxe0 {args}{}",
+                if rxe_server { "" } else { " 10.99.0.1" }
+            );
+            c.ours = library_ours(
+                &format!("ibv_srq_pingpong {args}"),
+                rxe_server.then_some("10.99.0.2"),
+            );
+            v.push(c);
+        }
+    }
     let perf: Vec<(&str, Vec<usize>, &str)> = if quick {
         vec![("write_lat", vec![2], "")]
     } else {

@@ -204,6 +204,14 @@ pub unsafe extern "C" fn ibv_get_async_event(
                     IBV_EVENT_PORT_ERR
                 };
             }
+            AsyncEvent::SrqLimit(token) => {
+                // A destroyed SRQ has nobody to tell.
+                let Some(srq) = crate::srq::srq_of(token as *mut ibv_srq) else {
+                    continue;
+                };
+                out.element.srq = srq as *const crate::srq::Srq as *mut ibv_srq;
+                out.event_type = IBV_EVENT_SRQ_LIMIT_REACHED;
+            }
             AsyncEvent::QpFatal(qpn) => {
                 // A QP destroyed since has nobody to tell.
                 let Some(qp) = crate::verbs::qp_reported(context, qpn) else {

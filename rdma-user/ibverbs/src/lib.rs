@@ -15,6 +15,7 @@ mod absent;
 mod device;
 mod events;
 pub mod ffi;
+mod srq;
 mod verbs;
 mod wr;
 

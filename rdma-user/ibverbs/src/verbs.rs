@@ -35,13 +35,13 @@ use crate::ffi::*;
 use crate::{guard, set_errno};
 
 /// Addresses of the live objects of one kind.
-struct Live(Mutex<Option<HashSet<usize>>>);
+pub(crate) struct Live(Mutex<Option<HashSet<usize>>>);
 
 impl Live {
-    const fn new() -> Live {
+    pub(crate) const fn new() -> Live {
         Live(Mutex::new(None))
     }
-    fn add<T>(&self, p: *mut T) {
+    pub(crate) fn add<T>(&self, p: *mut T) {
         self.0
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -56,7 +56,7 @@ impl Live {
             .is_some_and(|s| s.remove(&(p as usize)))
     }
     /// Ours and live? `T` is the object the pointer's kind belongs to.
-    fn get<'a, T, C>(&self, p: *mut C) -> Option<&'a T> {
+    pub(crate) fn get<'a, T, C>(&self, p: *mut C) -> Option<&'a T> {
         let live = self.0.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: addresses in the set are leaked boxes of T, removed from
         // the set before they are freed.
@@ -68,7 +68,11 @@ impl Live {
     /// Destroys a live object: `release` undoes it in the data path (an
     /// errno leaves it as it was); then it leaves the live set and is freed,
     /// once, even if two threads destroy it at the same time.
-    fn destroy<T, C>(&self, p: *mut C, release: impl FnOnce(&T) -> Result<(), c_int>) -> c_int {
+    pub(crate) fn destroy<T, C>(
+        &self,
+        p: *mut C,
+        release: impl FnOnce(&T) -> Result<(), c_int>,
+    ) -> c_int {
         let Some(o) = self.get::<T, C>(p) else {
             return libc::EINVAL;
         };
@@ -84,16 +88,22 @@ impl Live {
     }
 }
 
-static PDS: Live = Live::new();
+pub(crate) static PDS: Live = Live::new();
 static MRS: Live = Live::new();
 static CQS: Live = Live::new();
 static QPS: Live = Live::new();
 static CHANNELS: Live = Live::new();
 
 #[repr(C)]
-struct Pd {
+pub(crate) struct Pd {
     pd: ibv_pd,
     inner: verbs::Pd,
+}
+
+impl Pd {
+    pub(crate) fn context(&self) -> *mut ibv_context {
+        self.pd.context
+    }
 }
 
 #[repr(C)]
@@ -141,6 +151,8 @@ struct Qp {
     /// destroying it waits until they are equal, as rdma-core's does.
     events_reported: AtomicU32,
     events_acked: AtomicU32,
+    /// The SRQ its receive WRs come from (ibv_post_recv is EINVAL then).
+    srq: Option<&'static crate::srq::Srq>,
 }
 
 /// The live QP `qpn` of `context`, counted as having one more event out.
@@ -202,7 +214,7 @@ fn data_path(c: &'static Context) -> Result<verbs::Context, c_int> {
     }
 }
 
-fn err_ptr<T>(e: c_int) -> *mut T {
+pub(crate) fn err_ptr<T>(e: c_int) -> *mut T {
     set_errno(e);
     ptr::null_mut()
 }
@@ -683,9 +695,14 @@ unsafe fn create_qp(
         if a.qp_type != IBV_QPT_RC {
             return err_ptr(libc::EOPNOTSUPP);
         }
-        if !a.srq.is_null() {
-            return err_ptr(libc::EOPNOTSUPP);
-        }
+        let srq = if a.srq.is_null() {
+            None
+        } else {
+            match crate::srq::srq_of(a.srq) {
+                Some(sq) if sq.srq_pd() == pd => Some(sq),
+                _ => return err_ptr(libc::EINVAL),
+            }
+        };
         let (Some(scq), Some(rcq)) = (CQS.get::<Cq, _>(a.send_cq), CQS.get::<Cq, _>(a.recv_cq))
         else {
             return err_ptr(libc::EINVAL);
@@ -739,6 +756,11 @@ unsafe fn create_qp(
                 if let Err(e) = inner.share(rings.clone()) {
                     return err_ptr(e.errno());
                 }
+                if let Some(sq) = srq {
+                    if let Err(e) = inner.attach_srq(sq.shared.clone()) {
+                        return err_ptr(e.errno());
+                    }
+                }
                 a.cap = granted;
                 let mut qpx = ibv_qp_ex {
                     qp_base: ibv_qp {
@@ -747,6 +769,7 @@ unsafe fn create_qp(
                         pd,
                         send_cq: a.send_cq,
                         recv_cq: a.recv_cq,
+                        srq: a.srq,
                         handle: inner.qpn,
                         qp_num: inner.qpn,
                         state: IBV_QPS_RESET,
@@ -770,7 +793,11 @@ unsafe fn create_qp(
                     ctx,
                     events_reported: AtomicU32::new(0),
                     events_acked: AtomicU32::new(0),
+                    srq,
                 }));
+                if let Some(sq) = srq {
+                    sq.users.fetch_add(1, Ordering::AcqRel);
+                }
                 QPS.add(b);
                 b as *mut ibv_qp
             }
@@ -792,7 +819,11 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
             let inner = q.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
-            inner.map_or(Ok(()), |i| i.destroy().map_err(|e| e.errno()))
+            inner.map_or(Ok(()), |i| i.destroy().map_err(|e| e.errno()))?;
+            if let Some(sq) = q.srq {
+                sq.users.fetch_sub(1, Ordering::AcqRel);
+            }
+            Ok(())
         })
     })
 }
@@ -1020,10 +1051,10 @@ pub unsafe extern "C" fn ibv_query_qp(
         qp_context: q.qpx.qp_base.qp_context,
         send_cq: q.qpx.qp_base.send_cq,
         recv_cq: q.qpx.qp_base.recv_cq,
+        srq: q.qpx.qp_base.srq,
         cap: q.cap,
         qp_type: IBV_QPT_RC,
         sq_sig_all: q.sq_sig_all as c_int,
-        ..Default::default()
     };
     // SAFETY: the caller's structs.
     unsafe {
@@ -1084,7 +1115,7 @@ pub(crate) fn post_batch(qpx: *mut ibv_qp_ex) -> c_int {
     ret
 }
 
-fn sges<'a>(list: *mut ibv_sge, n: c_int) -> Result<&'a [ibv_sge], c_int> {
+pub(crate) fn sges<'a>(list: *mut ibv_sge, n: c_int) -> Result<&'a [ibv_sge], c_int> {
     if n < 0 || n as usize > MAX_SGE || (n > 0 && list.is_null()) {
         return Err(libc::EINVAL);
     }
@@ -1095,7 +1126,7 @@ fn sges<'a>(list: *mut ibv_sge, n: c_int) -> Result<&'a [ibv_sge], c_int> {
     Ok(unsafe { std::slice::from_raw_parts(list, n as usize) })
 }
 
-fn our_sges(list: &[ibv_sge], out: &mut [Sge; MAX_SGE]) -> usize {
+pub(crate) fn our_sges(list: &[ibv_sge], out: &mut [Sge; MAX_SGE]) -> usize {
     for (o, s) in out.iter_mut().zip(list) {
         *o = Sge {
             addr: s.addr,
@@ -1164,7 +1195,7 @@ fn post_one(q: &Qp, rings: &QpRings, r: &ibv_send_wr) -> Result<(), c_int> {
 }
 
 /// rdma-core's errno for a refused post: a full queue is ENOMEM.
-fn post_errno(e: rdma_user::transport::PostError) -> c_int {
+pub(crate) fn post_errno(e: rdma_user::transport::PostError) -> c_int {
     rdma_user::device::error::DeviceError::Post(e).errno()
 }
 
@@ -1220,6 +1251,14 @@ unsafe extern "C" fn post_recv(
         let Some(q) = QPS.get::<Qp, _>(qp) else {
             return libc::EINVAL;
         };
+        if q.srq.is_some() {
+            // Its receive WRs go to the SRQ (rdma-core: EINVAL).
+            if !bad.is_null() {
+                // SAFETY: the caller's out pointer.
+                unsafe { *bad = wr };
+            }
+            return libc::EINVAL;
+        }
         let rings = q.rings.lock().unwrap_or_else(|e| e.into_inner());
         let mut w = wr;
         let mut ret = 0;
@@ -1259,6 +1298,7 @@ pub(crate) fn set_ops(ops: &mut ibv_context_ops) {
     ops.req_notify_cq = Some(req_notify_cq);
     ops.post_send = Some(post_send);
     ops.post_recv = Some(post_recv);
+    ops.post_srq_recv = Some(crate::srq::post_srq_recv);
 }
 
 /// rdma-core's texts for `enum ibv_wc_status`.

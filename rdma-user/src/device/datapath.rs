@@ -21,12 +21,13 @@ use crate::transport::{
     Nanos, QpAttr, QpCap, QpEngine, QpState, QpStats, RecvWr, SendWr, Wc, WcOpcode,
 };
 
-use super::rings::{AsyncEvent, AsyncShared, CqShared, Doorbell, QpRings};
+use super::rings::{AsyncEvent, AsyncShared, CqShared, Doorbell, QpRings, SrqShared};
 use crate::wire::{
     ipv4_mapped_gid, udp_sport_for_qps, EthernetRepr, IpRepr, Ipv4Repr, Ipv6Repr, RoceRepr,
     TransportRepr, UdpRepr, WireError, ETH_P_IPV4, ETH_P_IPV6, ICRC_LEN, IPPROTO_UDP,
     ROCE_V2_UDP_PORT,
 };
+use rdma_common::OpFlags;
 
 /// Where a QP's packets go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,6 +164,9 @@ struct QpSlot {
     /// The state the last control call or drain saw (an engine-made
     /// change into the error state raises `AsyncEvent::QpFatal`).
     state_seen: QpState,
+    /// Receive WRs come from this shared queue instead (one taken when a
+    /// message needs it).
+    srq: Option<Arc<SrqShared>>,
 }
 
 impl QpSlot {
@@ -465,6 +469,7 @@ impl Core {
                 moved_send: 0,
                 moved_recv: 0,
                 state_seen: QpState::Reset,
+                srq: None,
             },
         );
         self.qp_order.push(qpn);
@@ -520,6 +525,13 @@ impl Core {
             shared.push(w);
         }
         c.shared = Some(shared);
+        Ok(())
+    }
+
+    /// Receive WRs of `qpn` come from `srq` from now on (before RTR).
+    pub fn attach_srq(&mut self, qpn: u32, srq: Arc<SrqShared>) -> Result<()> {
+        let slot = self.qps.get_mut(&qpn).ok_or(DeviceError::NoQp(qpn))?;
+        slot.srq = Some(srq);
         Ok(())
     }
 
@@ -651,6 +663,22 @@ impl Core {
                 return;
             }
         }
+        if let Some(srq) = &slot.srq {
+            // A message that consumes a receive WR, for a QP that has none
+            // queued (so at most one sits in a QP, and no QP holds WRs
+            // another needs): take the SRQ's next. Empty, the engine sends
+            // an RNR NAK as for an empty receive queue.
+            let f = repr.transport.flags();
+            let consumes = f.has(OpFlags::SEND) || (f.has(OpFlags::WRITE) && f.has(OpFlags::IMM));
+            let receiving = matches!(slot.qp.state(), QpState::Rtr | QpState::Rts | QpState::Sqd);
+            if consumes && receiving && slot.qp.recv_queue_len() == 0 {
+                if let Some(w) = srq.take(self.async_events.as_deref()) {
+                    if slot.qp.post_recv(&w.as_wr()).is_err() {
+                        slot.qp.push_error_wc(w.wr_id, WcOpcode::Recv);
+                    }
+                }
+            }
+        }
         slot.qp.handle_packet(
             now,
             &repr.transport,
@@ -687,7 +715,9 @@ impl Core {
             // retired too (queue depth), and the state it left the QP in.
             r.publish_retired(
                 slot.moved_send - slot.qp.send_queue_len() as u64,
-                slot.moved_recv - slot.qp.recv_queue_len() as u64,
+                // With an SRQ, the queued receive WR is the SRQ's.
+                slot.moved_recv
+                    .saturating_sub(slot.qp.recv_queue_len() as u64),
             );
             r.publish_state(slot.qp.state());
         }

@@ -457,6 +457,8 @@ pub enum AsyncEvent {
     PortActive,
     /// The port's link went down.
     PortErr,
+    /// An SRQ (its `SrqShared::token`) fell below its limit.
+    SrqLimit(usize),
 }
 
 /// A device's asynchronous events: a queue and the eventfd that is the
@@ -506,5 +508,74 @@ impl Drop for AsyncShared {
     fn drop(&mut self) {
         // SAFETY: our fd, closed once.
         unsafe { libc::close(self.fd) };
+    }
+}
+
+/// A shared receive queue: receive WRs posted by any thread, taken by the
+/// data path one at a time for whichever attached QP receives a message
+/// that needs one (so no QP waits behind another's messages).
+pub struct SrqShared {
+    ring: ArrayQueue<OwnedRecvWr>,
+    /// `srq_limit`: armed while non-zero; when the queue drops below it,
+    /// `IBV_EVENT_SRQ_LIMIT_REACHED` is raised once and the limit disarms
+    /// (set to 0), as the verbs spec says.
+    limit: AtomicU64,
+    /// The poster's handle for this SRQ in its async events.
+    pub token: usize,
+}
+
+impl SrqShared {
+    pub fn new(depth: u32, token: usize) -> SrqShared {
+        SrqShared {
+            ring: ArrayQueue::new(depth.max(1) as usize),
+            limit: AtomicU64::new(0),
+            token,
+        }
+    }
+
+    /// `ibv_post_srq_recv` of one WR (QueueFull beyond the depth).
+    pub fn post(&self, wr: &RecvWr) -> Result<(), PostError> {
+        if wr.sg_list.len() > MAX_SGE {
+            return Err(PostError::TooManySge);
+        }
+        self.ring
+            .push(OwnedRecvWr::new(wr)?)
+            .map_err(|_| PostError::QueueFull)
+    }
+
+    /// The data path's take, for a QP that needs a receive WR now; raises
+    /// the limit event on `events` when the queue falls below it.
+    pub fn take(&self, events: Option<&AsyncShared>) -> Option<OwnedRecvWr> {
+        let w = self.ring.pop()?;
+        let limit = self.limit.load(Ordering::Acquire);
+        if limit > 0
+            && (self.ring.len() as u64) < limit
+            && self
+                .limit
+                .compare_exchange(limit, 0, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            if let Some(e) = events {
+                e.push(AsyncEvent::SrqLimit(self.token));
+            }
+        }
+        Some(w)
+    }
+
+    /// Arms (`limit` > 0) or disarms the limit event.
+    pub fn set_limit(&self, limit: u32) {
+        self.limit.store(limit as u64, Ordering::Release);
+    }
+
+    pub fn limit(&self) -> u32 {
+        self.limit.load(Ordering::Acquire) as u32
+    }
+
+    pub fn len(&self) -> usize {
+        self.ring.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ring.is_empty()
     }
 }

@@ -464,6 +464,13 @@ impl Qp {
         self.ctx.call(move |dp| dp.core.share_qp(qpn, rings))
     }
 
+    /// From now on receive WRs come from `srq` (shared with other QPs;
+    /// the data path takes one when a message needs it).
+    pub fn attach_srq(&self, srq: Arc<crate::device::rings::SrqShared>) -> Result<()> {
+        let qpn = self.qpn;
+        self.ctx.call(move |dp| dp.core.attach_srq(qpn, srq))
+    }
+
     /// Sets the network path (after RTR named the peer QP).
     pub fn set_path(&self, path: Path) -> Result<()> {
         let qpn = self.qpn;

@@ -117,8 +117,10 @@ static struct ibv_pd *pd;
 static struct ibv_cq *cq;
 static struct ibv_comp_channel *ch;
 static struct ibv_qp *qp;
+static struct ibv_srq *srq;
 
-static void setup(const char *devname)
+/* The target's QP takes its receive WRs from an SRQ. */
+static void setup(const char *devname, int with_srq)
 {
 	int num;
 	struct ibv_device **list = ibv_get_device_list(&num);
@@ -130,8 +132,13 @@ static void setup(const char *devname)
 	pd = ibv_alloc_pd(ctx);
 	ch = ibv_create_comp_channel(ctx);
 	cq = ibv_create_cq(ctx, 64, NULL, ch, 0);
+	if (with_srq) {
+		struct ibv_srq_init_attr sa = { .attr = { .max_wr = 4, .max_sge = 1 } };
+		srq = ibv_create_srq(pd, &sa);
+		CHECK("create_srq", srq != NULL, "errno %d", errno);
+	}
 	struct ibv_qp_init_attr a = {
-		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+		.send_cq = cq, .recv_cq = cq, .srq = srq, .qp_type = IBV_QPT_RC,
 		.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 1 },
 	};
 	qp = pd && cq ? ibv_create_qp(pd, &a) : NULL;
@@ -224,7 +231,7 @@ static int target(int port, const char *dev, const char *netdev)
 {
 	char stack[LEN], ro_buf[4096], *b[KINDS];
 	buffers(b, stack);
-	setup(dev);
+	setup(dev, 1);
 	struct hello me = { 0 }, peer;
 	hello_of(&me);
 	struct ibv_mr *mr[KINDS];
@@ -244,12 +251,15 @@ static int target(int port, const char *dev, const char *netdev)
 	xfer(fd, &me, sizeof me, 1);
 	xfer(fd, &peer, sizeof peer, 0);
 	connect_qp(&peer);
-	/* Two receives for the two SENDs, into the stack buffer's first bytes. */
+	/* Two receives for the two SENDs, into the stack buffer's first
+	 * bytes, through the SRQ; its limit 2 fires at the first taken. */
 	for (int i = 0; i < 2; i++) {
 		struct ibv_sge s = { .addr = (uintptr_t)stack + i * 64, .length = 64, .lkey = mr[3]->lkey };
 		struct ibv_recv_wr w = { .wr_id = 100 + i, .sg_list = &s, .num_sge = 1 }, *bad;
-		CHECK("post_recv", ibv_post_recv(qp, &w, &bad) == 0, "");
+		CHECK("post_srq_recv", ibv_post_srq_recv(srq, &w, &bad) == 0, "");
 	}
+	struct ibv_srq_attr lim = { .srq_limit = 2 };
+	CHECK("modify_srq limit", ibv_modify_srq(srq, &lim, IBV_SRQ_LIMIT) == 0, "");
 	CHECK("req_notify_cq solicited-only", ibv_req_notify_cq(cq, 1) == 0, "");
 	xfer(fd, &me.qpn, 4, 1); /* ready */
 
@@ -270,6 +280,13 @@ static int target(int port, const char *dev, const char *netdev)
 	CHECK("both receives, in order", w1.wr_id == 100 && w2.wr_id == 101 && w1.status == 0 && w2.status == 0,
 	      "%llu %d %llu %d", (unsigned long long)w1.wr_id, w1.status, (unsigned long long)w2.wr_id,
 	      w2.status);
+	struct ibv_async_event sev;
+	CHECK("SRQ_LIMIT_REACHED", next_async(5000, &sev) == IBV_EVENT_SRQ_LIMIT_REACHED &&
+	      sev.element.srq == srq, "");
+	ibv_ack_async_event(&sev);
+	struct ibv_srq_attr q;
+	CHECK("the limit disarmed itself", ibv_query_srq(srq, &q) == 0 && q.srq_limit == 0, "%u",
+	      q.srq_limit);
 
 	xfer(fd, &go, 1, 0); /* the initiator is done */
 	for (int k = 0; k < KINDS; k++) {
@@ -305,7 +322,7 @@ static int initiator(const char *peer_ip, int port, const char *dev)
 {
 	char stack[LEN], *b[KINDS];
 	buffers(b, stack);
-	setup(dev);
+	setup(dev, 0);
 	struct hello me = { 0 }, peer;
 	hello_of(&me);
 	struct ibv_mr *mr[KINDS];

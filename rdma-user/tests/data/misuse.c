@@ -225,6 +225,38 @@ int main(int argc, char **argv)
 	CHECK("and nothing completes", ibv_poll_cq(cq, 1, &wc) == 0, "");
 	CHECK("destroy_qp", ibv_destroy_qp(xq) == 0, "");
 
+	/* Shared receive queues. */
+	struct ibv_srq_init_attr sa = { .attr = { .max_wr = 2, .max_sge = 1 } };
+	struct ibv_srq_init_attr bad_sa = { .attr = { .max_wr = 0, .max_sge = 1 } };
+	errno = 0;
+	CHECK("create_srq with 0 WRs is NULL/EINVAL", !ibv_create_srq(pd, &bad_sa) && errno == EINVAL,
+	      "errno %d", errno);
+	struct ibv_srq *srq = ibv_create_srq(pd, &sa);
+	CHECK("create_srq", srq != NULL, "errno %d", errno);
+	struct ibv_recv_wr *srbad = NULL;
+	CHECK("post_srq_recv", ibv_post_srq_recv(srq, &rwr, &srbad) == 0, "");
+	CHECK("post_srq_recv", ibv_post_srq_recv(srq, &rwr, &srbad) == 0, "");
+	CHECK("post_srq_recv beyond depth is ENOMEM", ibv_post_srq_recv(srq, &rwr, &srbad) == ENOMEM &&
+	      srbad == &rwr, "");
+	struct ibv_srq_attr sq_attr = { .srq_limit = 3 };
+	CHECK("a limit beyond the depth is EINVAL", ibv_modify_srq(srq, &sq_attr, IBV_SRQ_LIMIT) == EINVAL, "");
+	sq_attr.srq_limit = 1;
+	CHECK("modify_srq limit", ibv_modify_srq(srq, &sq_attr, IBV_SRQ_LIMIT) == 0, "");
+	memset(&sq_attr, 0, sizeof sq_attr);
+	CHECK("query_srq", ibv_query_srq(srq, &sq_attr) == 0 && sq_attr.max_wr == 2 && sq_attr.srq_limit == 1,
+	      "max_wr %u limit %u", sq_attr.max_wr, sq_attr.srq_limit);
+	struct ibv_qp_init_attr qa = {
+		.send_cq = cq, .recv_cq = cq, .srq = srq, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 2, .max_recv_wr = 2, .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+	struct ibv_qp *sqp = ibv_create_qp(pd, &qa);
+	CHECK("create_qp on an SRQ", sqp != NULL && to_init(sqp) == 0, "errno %d", errno);
+	CHECK("post_recv on a QP with an SRQ is EINVAL", ibv_post_recv(sqp, &rwr, &rbad) == EINVAL, "");
+	CHECK("destroy_srq in use is EBUSY", ibv_destroy_srq(srq) == EBUSY, "");
+	CHECK("destroy_qp", ibv_destroy_qp(sqp) == 0, "");
+	CHECK("destroy_srq", ibv_destroy_srq(srq) == 0, "");
+	CHECK("destroy_srq twice is EINVAL", ibv_destroy_srq(srq) == EINVAL, "");
+
 	CHECK("dereg_mr", ibv_dereg_mr(mr) == 0, "");
 	CHECK("dereg_mr twice is EINVAL", ibv_dereg_mr(mr) == EINVAL, "");
 	CHECK("destroy_cq", ibv_destroy_cq(cq) == 0, "");
