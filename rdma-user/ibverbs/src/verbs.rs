@@ -6,9 +6,11 @@
 //! program holds is ours; every call checks it against the live set of its
 //! kind, so a destroyed or foreign object is EINVAL, never a crash.
 //!
-//! This first version makes every call a job on the data path thread (one
-//! channel hop); the lock-free rings the verbs issue asks for replace that
-//! for post/poll next.
+//! Posts and polls are lock-free ring operations (`device::rings`) that
+//! also try to run a turn of the data path on the calling thread (inline
+//! progress, never waiting); control calls run under the data path's lock
+//! on the caller's thread. `ibv_wr_*` lives in `wr`, SRQs in `srq`, async
+//! events in `events`.
 
 use std::collections::HashSet;
 use std::ffi::{c_char, c_int, c_uint, c_void};
@@ -336,7 +338,7 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
 }
 
 /// Returns once the data path has dropped the region (the deregistration
-/// is a job on its thread, between two polls: no packet can touch it after).
+/// runs under its lock, between two turns: no packet can touch it after).
 ///
 /// # Safety
 /// `mr` is an MR pointer.
