@@ -438,7 +438,7 @@ fn memory_kinds_access_flags_and_events_between_two_programs() {
     }
     for check in [
         "no event for an unsolicited SEND",
-        "an event for the solicited SEND",
+        "an event for the solicited SEND (epoll)",
         "SRQ_LIMIT_REACHED",
         "the limit disarmed itself",
         "the read-only region was not written",

@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -273,7 +274,11 @@ static int target(int port, const char *dev, const char *netdev)
 	xfer(fd, &go, 1, 1); /* now the solicited one */
 	struct ibv_cq *ecq;
 	void *ectx;
-	CHECK("an event for the solicited SEND", poll(&p, 1, 10000) == 1, "none in 10 s");
+	int ep = epoll_create1(0);
+	struct epoll_event ee = { .events = EPOLLIN }, got;
+	CHECK("epoll_ctl ADD of the channel fd", epoll_ctl(ep, EPOLL_CTL_ADD, ch->fd, &ee) == 0, "");
+	CHECK("an event for the solicited SEND (epoll)", epoll_wait(ep, &got, 1, 10000) == 1, "none in 10 s");
+	close(ep);
 	CHECK("get_cq_event", ibv_get_cq_event(ch, &ecq, &ectx) == 0 && ecq == cq, "");
 	ibv_ack_cq_events(cq, 1);
 	struct ibv_wc w1 = wait_wc(), w2 = wait_wc();

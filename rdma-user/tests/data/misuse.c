@@ -14,11 +14,31 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/time.h>
 #include <time.h>
+#include <unistd.h>
 
 static int failed;
 
 #include "check.h"
+
+static void on_alarm(int sig)
+{
+	(void)sig;
+}
+
+/* Interrupts the next blocking call in 100 ms (no SA_RESTART). */
+static void alarm_soon(void)
+{
+	struct sigaction sa = { .sa_handler = on_alarm };
+	sigaction(SIGALRM, &sa, NULL);
+	struct itimerval it = { .it_value = { .tv_usec = 100000 } };
+	setitimer(ITIMER_REAL, &it, NULL);
+}
 
 static struct ibv_qp *rc_qp(struct ibv_pd *pd, struct ibv_cq *cq, int send, int recv)
 {
@@ -224,6 +244,51 @@ int main(int argc, char **argv)
 	CHECK("wr_complete after an abort posts nothing", ibv_wr_complete(qx) == 0, "");
 	CHECK("and nothing completes", ibv_poll_cq(cq, 1, &wc) == 0, "");
 	CHECK("destroy_qp", ibv_destroy_qp(xq) == 0, "");
+
+	/* Completion channels and the async fd are real descriptors. */
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+	struct ibv_cq *ecq = ch ? ibv_create_cq(ctx, 4, NULL, ch, 0) : NULL;
+	CHECK("a channel and a CQ on it", ecq != NULL, "errno %d", errno);
+	CHECK("req_notify_cq", ibv_req_notify_cq(ecq, 0) == 0, "");
+	struct pollfd pf = { .fd = ch->fd, .events = POLLIN };
+	CHECK("poll on the channel: nothing yet", poll(&pf, 1, 0) == 0, "");
+	int ep = epoll_create1(0);
+	struct epoll_event ee = { .events = EPOLLIN }, got;
+	CHECK("epoll_ctl ADD of the channel fd", epoll_ctl(ep, EPOLL_CTL_ADD, ch->fd, &ee) == 0, "errno %d",
+	      errno);
+	CHECK("epoll_wait: nothing yet", epoll_wait(ep, &got, 1, 0) == 0, "");
+	int fl = fcntl(ch->fd, F_GETFL);
+	fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK);
+	struct ibv_cq *gcq;
+	void *gctx;
+	errno = 0;
+	CHECK("get_cq_event with O_NONBLOCK is EAGAIN", ibv_get_cq_event(ch, &gcq, &gctx) == -1 && errno == EAGAIN,
+	      "errno %d", errno);
+	fcntl(ch->fd, F_SETFL, fl);
+	alarm_soon();
+	errno = 0;
+	CHECK("a blocked get_cq_event returns EINTR on a signal",
+	      ibv_get_cq_event(ch, &gcq, &gctx) == -1 && errno == EINTR, "errno %d", errno);
+	/* The QPs above died (QP_FATAL each, their QPs gone since): drain
+	 * without blocking until EAGAIN, then block and be interrupted. */
+	fl = fcntl(ctx->async_fd, F_GETFL);
+	fcntl(ctx->async_fd, F_SETFL, fl | O_NONBLOCK);
+	struct ibv_async_event aev;
+	int drained = 0;
+	errno = 0;
+	while (ibv_get_async_event(ctx, &aev) == 0 && drained < 100) {
+		ibv_ack_async_event(&aev);
+		drained++;
+	}
+	CHECK("get_async_event with O_NONBLOCK ends in EAGAIN", errno == EAGAIN, "errno %d", errno);
+	fcntl(ctx->async_fd, F_SETFL, fl);
+	alarm_soon();
+	errno = 0;
+	CHECK("a blocked get_async_event returns EINTR on a signal",
+	      ibv_get_async_event(ctx, &aev) == -1 && errno == EINTR, "errno %d", errno);
+	close(ep);
+	CHECK("destroy the CQ, then its channel", ibv_destroy_cq(ecq) == 0 && ibv_destroy_comp_channel(ch) == 0,
+	      "");
 
 	/* Shared receive queues. */
 	struct ibv_srq_init_attr sa = { .attr = { .max_wr = 2, .max_sge = 1 } };
