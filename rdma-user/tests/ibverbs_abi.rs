@@ -228,13 +228,22 @@ fn unmodified_rc_pingpong_checks_its_data_over_the_library() {
         &["-s", "4096", "-n", "50", "-N"],
         &["-s", "65536", "-n", "20", "-N", "-e"],
     ] {
-        let mut a = vec!["ibv_rc_pingpong", "-g", "1", "-c"];
-        a.extend_from_slice(args);
-        let (c, s) = pair(&lab, &a, &a);
-        let n = args[3];
-        for out in [&c, &s] {
-            assert!(out.contains(&format!("{n} iters in")), "{args:?}: {out}");
-        }
+        pingpong(&lab, "ibv_rc_pingpong", args);
+    }
+}
+
+/// `tool -g 1 -c ARGS` on both hosts; both must report all their
+/// iterations (`-n`) with every buffer checked.
+fn pingpong(lab: &lab::Lab, tool: &str, args: &[&str]) {
+    let mut a = vec![tool, "-g", "1", "-c"];
+    a.extend_from_slice(args);
+    let (c, s) = pair(lab, &a, &a);
+    let n = args[args.iter().position(|x| *x == "-n").unwrap() + 1];
+    for out in [&c, &s] {
+        assert!(
+            out.contains(&format!("{n} iters in")),
+            "{tool} {args:?}: {out}"
+        );
     }
 }
 
@@ -249,13 +258,7 @@ fn unmodified_srq_pingpong_checks_its_data_over_the_library() {
         &["-q", "16", "-s", "65536", "-n", "10", "-e"],
         &["-q", "4", "-s", "64", "-n", "200", "-r", "8"],
     ] {
-        let mut a = vec!["ibv_srq_pingpong", "-g", "1", "-c"];
-        a.extend_from_slice(args);
-        let (c, s) = pair(&lab, &a, &a);
-        let n = args[5];
-        for out in [&c, &s] {
-            assert!(out.contains(&format!("{n} iters in")), "{args:?}: {out}");
-        }
+        pingpong(&lab, "ibv_srq_pingpong", args);
     }
 }
 

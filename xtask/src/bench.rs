@@ -251,6 +251,15 @@ pub(crate) fn summary(r: &[Value]) -> String {
         (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
         _ => "-".into(),
     };
+    // One row of the target table.
+    let row = |name: &str, a: Option<f64>, b: Option<f64>, goal: &str| {
+        format!(
+            "| {name} | {} / {} | {} | {goal} |\n",
+            a.map(|x| format!("{x:.2}")).unwrap_or("-".into()),
+            b.map(|x| format!("{x:.2}")).unwrap_or("-".into()),
+            ratio(a, b)
+        )
+    };
     let tt = |t: &str, b: u64| find(r, t, b).and_then(|v| v["t_typical_us"].as_f64());
     let bw = |t: &str, b: u64| find(r, t, b).and_then(|v| v["bw_avg_gbps"].as_f64());
     let pps = |t: &str, b: u64| find(r, t, b).and_then(|v| v["msg_rate_mpps"].as_f64());
@@ -298,12 +307,7 @@ pub(crate) fn summary(r: &[Value]) -> String {
             "< 1",
         ),
     ] {
-        s += &format!(
-            "| {name} | {} / {} | {} | {goal} |\n",
-            a.map(|x| format!("{x:.2}")).unwrap_or("-".into()),
-            b.map(|x| format!("{x:.2}")).unwrap_or("-".into()),
-            ratio(a, b)
-        );
+        s += &row(name, a, b, goal);
     }
     for polling in ["spin", "adaptive"] {
         let lib = |t: &str| format!("lib_{t}_{polling}");
@@ -327,12 +331,7 @@ pub(crate) fn summary(r: &[Value]) -> String {
                 ">= 0.9",
             ),
         ] {
-            s += &format!(
-                "| {name} | {} / {} | {} | {goal} |\n",
-                a.map(|x| format!("{x:.2}")).unwrap_or("-".into()),
-                b.map(|x| format!("{x:.2}")).unwrap_or("-".into()),
-                ratio(a, b)
-            );
+            s += &row(&name, a, b, goal);
         }
     }
     if let Some(e) = find(r, "engine_write_64", 64) {

@@ -9,11 +9,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use rdma_user::device::rings::SrqShared;
-use rdma_user::transport::{RecvWr, Sge, MAX_SGE};
+use rdma_user::transport::MAX_SGE;
 
 use crate::ffi::*;
 use crate::guard;
-use crate::verbs::{err_ptr, our_sges, post_errno, sges, Live, PDS};
+use crate::verbs::{err_ptr, post_chain, post_errno, with_recv_wr, Live, PDS};
 
 pub(crate) static SRQS: Live = Live::new();
 
@@ -169,32 +169,14 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
         let Some(s) = srq_of(srq) else {
             return libc::EINVAL;
         };
-        let mut w = wr;
-        while !w.is_null() {
-            // SAFETY: the caller's WR chain.
-            let r = unsafe { &*w };
-            let res = sges(r.sg_list, r.num_sge).and_then(|list| {
-                if list.len() > s.max_sge as usize {
-                    return Err(libc::EINVAL);
-                }
-                let mut sg = [Sge::default(); MAX_SGE];
-                let n = our_sges(list, &mut sg);
-                s.shared
-                    .post(&RecvWr {
-                        wr_id: r.wr_id,
-                        sg_list: &sg[..n],
-                    })
-                    .map_err(post_errno)
-            });
-            if let Err(e) = res {
-                if !bad.is_null() {
-                    // SAFETY: the caller's out pointer.
-                    unsafe { *bad = w };
-                }
-                return e;
-            }
-            w = r.next;
-        }
-        0
+        // SAFETY: the caller's WR chain and out pointer.
+        let (ret, _) = unsafe {
+            post_chain(wr, bad, |r| {
+                with_recv_wr(r, s.max_sge as usize, |w| {
+                    s.shared.post(w).map_err(post_errno)
+                })
+            })
+        };
+        ret
     })
 }

@@ -1212,25 +1212,75 @@ unsafe extern "C" fn post_send(
             return libc::EINVAL;
         };
         let rings = q.rings.lock().unwrap_or_else(|e| e.into_inner());
-        let mut w = wr;
-        let mut ret = 0;
-        while !w.is_null() {
-            // SAFETY: the caller's WR chain.
-            let r = unsafe { &*w };
-            if let Err(e) = post_one(q, &rings, r) {
-                if !bad.is_null() {
-                    // SAFETY: the caller's out pointer.
-                    unsafe { *bad = w };
-                }
-                ret = e;
-                break;
-            }
-            w = r.next;
-        }
-        if w != wr {
+        // SAFETY: the caller's WR chain and out pointer.
+        let (ret, any) = unsafe { post_chain(wr, bad, |r| post_one(q, &rings, r)) };
+        if any {
             moved(q, &rings);
         }
         ret
+    })
+}
+
+/// A WR of a program's chain (`next` links them).
+pub(crate) trait ChainedWr {
+    fn next_wr(&self) -> *mut Self;
+}
+
+impl ChainedWr for ibv_send_wr {
+    fn next_wr(&self) -> *mut Self {
+        self.next
+    }
+}
+
+impl ChainedWr for ibv_recv_wr {
+    fn next_wr(&self) -> *mut Self {
+        self.next
+    }
+}
+
+/// Posts a program's WR chain with `post`, in order, until one is refused:
+/// that one goes to `*bad` (if given) and its errno is returned, as
+/// rdma-core's post calls do. Also returns whether any was posted.
+///
+/// # Safety
+/// `wr` is NULL or the head of a valid chain; `bad` is NULL or writable.
+pub(crate) unsafe fn post_chain<W: ChainedWr>(
+    wr: *mut W,
+    bad: *mut *mut W,
+    mut post: impl FnMut(&W) -> Result<(), c_int>,
+) -> (c_int, bool) {
+    let mut w = wr;
+    while !w.is_null() {
+        // SAFETY: the caller's chain.
+        let r = unsafe { &*w };
+        if let Err(e) = post(r) {
+            if !bad.is_null() {
+                // SAFETY: the caller's out pointer.
+                unsafe { *bad = w };
+            }
+            return (e, w != wr);
+        }
+        w = r.next_wr();
+    }
+    (0, w != wr)
+}
+
+/// A program's receive WR as the engine takes it (at most `max_sge` SGEs,
+/// else EINVAL), handed to `f`.
+pub(crate) fn with_recv_wr(
+    r: &ibv_recv_wr,
+    max_sge: usize,
+    f: impl FnOnce(&RecvWr) -> Result<(), c_int>,
+) -> Result<(), c_int> {
+    let list = sges(r.sg_list, r.num_sge)?;
+    if list.len() > max_sge {
+        return Err(libc::EINVAL);
+    }
+    let mut sg = [Sge::default(); MAX_SGE];
+    let n = our_sges(list, &mut sg);
+    f(&RecvWr {
+        wr_id: r.wr_id,
+        sg_list: &sg[..n],
     })
 }
 
@@ -1262,32 +1312,13 @@ unsafe extern "C" fn post_recv(
             return libc::EINVAL;
         }
         let rings = q.rings.lock().unwrap_or_else(|e| e.into_inner());
-        let mut w = wr;
-        let mut ret = 0;
-        while !w.is_null() {
-            // SAFETY: the caller's WR chain.
-            let r = unsafe { &*w };
-            let res = sges(r.sg_list, r.num_sge).and_then(|list| {
-                let mut sg = [Sge::default(); MAX_SGE];
-                let n = our_sges(list, &mut sg);
-                rings
-                    .post_recv(&RecvWr {
-                        wr_id: r.wr_id,
-                        sg_list: &sg[..n],
-                    })
-                    .map_err(post_errno)
-            });
-            if let Err(e) = res {
-                if !bad.is_null() {
-                    // SAFETY: the caller's out pointer.
-                    unsafe { *bad = w };
-                }
-                ret = e;
-                break;
-            }
-            w = r.next;
-        }
-        if w != wr {
+        // SAFETY: the caller's WR chain and out pointer.
+        let (ret, any) = unsafe {
+            post_chain(wr, bad, |r| {
+                with_recv_wr(r, MAX_SGE, |w| rings.post_recv(w).map_err(post_errno))
+            })
+        };
+        if any {
             moved(q, &rings);
         }
         ret

@@ -576,15 +576,7 @@ impl QpEngine {
             self.push_send_wc(&w, status, true);
         }
         while let Some(r) = self.resp.rq.pop_front() {
-            self.completions.push_back(Wc {
-                wr_id: r.wr_id,
-                status: WcStatus::WrFlushErr,
-                opcode: WcOpcode::Recv,
-                byte_len: 0,
-                imm: None,
-                qp_num: self.qpn,
-                solicited: false,
-            });
+            self.push_wc_error(r.wr_id, WcOpcode::Recv, WcStatus::WrFlushErr);
         }
         self.req.cur = 0;
         self.req.rd_atomic_inflight = 0;
@@ -603,9 +595,14 @@ impl QpEngine {
     /// Completes a WR the engine refused after it was accepted elsewhere
     /// (posted on another thread, then the QP's state changed).
     pub fn push_error_wc(&mut self, wr_id: u64, opcode: WcOpcode) {
+        self.push_wc_error(wr_id, opcode, WcStatus::LocQpOpErr);
+    }
+
+    /// A completion of `wr_id` that moved no data: an error or a flush.
+    pub(super) fn push_wc_error(&mut self, wr_id: u64, opcode: WcOpcode, status: WcStatus) {
         self.completions.push_back(Wc {
             wr_id,
-            status: WcStatus::LocQpOpErr,
+            status,
             opcode,
             byte_len: 0,
             imm: None,

@@ -156,15 +156,7 @@ impl QpEngine {
     pub fn post_recv(&mut self, wr: &RecvWr) -> Result<(), PostError> {
         check_recv(self.state, wr)?;
         if self.state == QpState::Err {
-            self.completions.push_back(Wc {
-                wr_id: wr.wr_id,
-                status: WcStatus::WrFlushErr,
-                opcode: WcOpcode::Recv,
-                byte_len: 0,
-                imm: None,
-                qp_num: self.qpn,
-                solicited: false,
-            });
+            self.push_wc_error(wr.wr_id, WcOpcode::Recv, WcStatus::WrFlushErr);
             return Ok(());
         }
         if self.resp.rq.len() >= self.cap_recv {
@@ -335,15 +327,7 @@ impl QpEngine {
         if let Some((wr_id, status)) = wc {
             // The RECV WQE that took the error completes with it.
             self.resp.rq.pop_front();
-            self.completions.push_back(Wc {
-                wr_id,
-                status,
-                opcode: WcOpcode::Recv,
-                byte_len: 0,
-                imm: None,
-                qp_num: self.qpn,
-                solicited: false,
-            });
+            self.push_wc_error(wr_id, WcOpcode::Recv, status);
         }
         self.enter_error();
     }
