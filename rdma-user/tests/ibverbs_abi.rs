@@ -64,11 +64,12 @@ fn dynsyms(file: &Path, imports: bool) -> BTreeSet<(String, String)> {
 }
 
 /// The Debian binaries that run over the library.
-const TOOLS: [&str; 11] = [
+const TOOLS: [&str; 12] = [
     "ibv_devices",
     "ibv_devinfo",
     "ibv_rc_pingpong",
     "ibv_srq_pingpong",
+    "ibv_ud_pingpong",
     "ib_write_lat",
     "ib_read_lat",
     "ib_send_lat",
@@ -263,6 +264,21 @@ fn unmodified_srq_pingpong_checks_its_data_over_the_library() {
 }
 
 #[test]
+fn unmodified_ud_pingpong_checks_its_data_over_the_library() {
+    library();
+    let _g = lab::serial();
+    let lab = lab::Lab::new(1500);
+    // The port MTU is 1024 at a netdev MTU of 1500: datagrams up to it.
+    for args in [
+        &["-s", "1024", "-n", "50"][..],
+        &["-s", "64", "-n", "200", "-e"],
+        &["-s", "1", "-n", "50", "-r", "4"],
+    ] {
+        pingpong(&lab, "ibv_ud_pingpong", args);
+    }
+}
+
+#[test]
 fn unmodified_perftest_runs_over_the_library() {
     library();
     let _g = lab::serial();
@@ -286,6 +302,12 @@ fn unmodified_perftest_runs_over_the_library() {
     runs.push("ib_write_bw -x 1 -n 5 -a".into());
     runs.push("ib_write_bw -x 1 -n 20 -s 5000 -q 2".into());
     runs.push("ib_send_bw -x 1 -n 20 -s 5000 --report_gbits".into());
+    // UD: datagrams up to the port MTU (1024 B at a netdev MTU of 1500).
+    for tool in ["ib_send_lat", "ib_send_bw"] {
+        for size in ["2", "1024"] {
+            runs.push(format!("{tool} -x 1 -n 20 -c UD -s {size}"));
+        }
+    }
     let runs: Vec<Vec<&str>> = runs
         .iter()
         .map(|r| r.split_whitespace().collect())

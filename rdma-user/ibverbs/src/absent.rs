@@ -6,7 +6,7 @@
 //! - libmlx5 / libefa direct verbs: only used on mlx5 / EFA devices, which
 //!   ours are not (vendor id 0xffffff): EOPNOTSUPP.
 //! - librdmacm (`-R`): RDMA CM is its own issue: ENOSYS until it lands.
-//! - UD address handles and multicast: the UD/SRQ issue: EOPNOTSUPP.
+//! - UD multicast (`ibv_attach_mcast`, `ibv_detach_mcast`): EOPNOTSUPP.
 
 use std::ffi::{c_char, c_int, c_void};
 use std::ptr;
@@ -52,11 +52,10 @@ macro_rules! errno_value {
 null_with_errno!(libc::EOPNOTSUPP =>
     mlx5dv_create_mkey, mlx5dv_qp_ex_from_ibv_qp_ex,
     mlx5dv_dek_create, mlx5dv_create_qp, mlx5dv_open_device, efadv_create_qp_ex,
-    ibv_create_ah, ibv_create_ah_from_wc,
 );
 errno_value!(libc::EOPNOTSUPP =>
     mlx5dv_destroy_mkey, mlx5dv_crypto_login, mlx5dv_dek_destroy, mlx5dv_devx_general_cmd,
-    efadv_query_device, ibv_destroy_ah, ibv_attach_mcast, ibv_detach_mcast,
+    efadv_query_device, ibv_attach_mcast, ibv_detach_mcast,
 );
 null_with_errno!(libc::ENOSYS => rdma_create_event_channel);
 minus_one_with_errno!(libc::ENOSYS =>

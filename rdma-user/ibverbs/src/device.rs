@@ -181,6 +181,11 @@ impl Context {
     pub(crate) fn netdev(&self) -> &str {
         &self.dev.link.netdev
     }
+
+    /// The port's active MTU in bytes (a UD QP's datagram limit).
+    pub(crate) fn port_mtu(&self) -> u32 {
+        128 << port_attr(self.dev).active_mtu
+    }
 }
 
 static CONTEXTS: Mutex<Option<HashSet<usize>>> = Mutex::new(None);

@@ -12,6 +12,7 @@
 //! value); nothing here panics across the C boundary (`guard`).
 
 mod absent;
+mod ah;
 mod device;
 mod events;
 pub mod ffi;

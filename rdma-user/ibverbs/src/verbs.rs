@@ -27,8 +27,8 @@ use rdma_user::device::datapath::{gid_to_ip, Path};
 use rdma_user::io::hostnet::{iface_mac, resolve_mac};
 use rdma_user::memory::Access;
 use rdma_user::transport::{
-    QpAttr, QpCap, QpState, RecvWr, SendFlags, SendWr, Sge, Wc, WcOpcode, WcStatus, WrOpcode,
-    MAX_INLINE, MAX_SGE,
+    QpAttr, QpCap, QpState, QpType, RecvWr, SendFlags, SendWr, Sge, UdDest, Wc, WcOpcode, WcStatus,
+    WrOpcode, MAX_INLINE, MAX_SGE,
 };
 use rdma_user::verbs;
 
@@ -98,8 +98,8 @@ static CHANNELS: Live = Live::new();
 
 #[repr(C)]
 pub(crate) struct Pd {
-    pd: ibv_pd,
-    inner: verbs::Pd,
+    pub(crate) pd: ibv_pd,
+    pub(crate) inner: verbs::Pd,
 }
 
 impl Pd {
@@ -155,6 +155,8 @@ struct Qp {
     events_acked: AtomicU32,
     /// The SRQ its receive WRs come from (ibv_post_recv is EINVAL then).
     srq: Option<&'static crate::srq::Srq>,
+    /// UD: the Q_Key last set (for ibv_query_qp).
+    qkey: AtomicU32,
 }
 
 /// The live QP `qpn` of `context`, counted as having one more event out.
@@ -518,6 +520,12 @@ fn ibv_wc_of(w: &Wc) -> ibv_wc {
         wc.__bindgen_anon_1.imm_data = imm.to_be();
         wc.wc_flags = IBV_WC_WITH_IMM;
     }
+    if w.grh {
+        // UD: RoCE has no LIDs or SLs (slid, sl, dlid_path_bits stay 0,
+        // as rxe reports them).
+        wc.wc_flags |= IBV_WC_GRH;
+        wc.src_qp = w.src_qp;
+    }
     wc
 }
 
@@ -694,7 +702,13 @@ unsafe fn create_qp(
         }
         // SAFETY: the caller's init attr.
         let a = unsafe { &mut *attr };
-        if a.qp_type != IBV_QPT_RC {
+        let qp_type = match a.qp_type {
+            IBV_QPT_RC => QpType::Rc,
+            IBV_QPT_UD => QpType::Ud,
+            _ => return err_ptr(libc::EOPNOTSUPP),
+        };
+        if qp_type == QpType::Ud && send_ops.is_some() {
+            // ibv_wr_* is offered for RC only.
             return err_ptr(libc::EOPNOTSUPP);
         }
         let srq = if a.srq.is_null() {
@@ -731,13 +745,15 @@ unsafe fn create_qp(
         let (Some(send), Some(recv)) = (send, recv) else {
             return err_ptr(libc::EINVAL);
         };
-        let r = p.inner.create_qp_cqs(
+        let r = p.inner.create_qp_typed(
             send,
             recv,
             QpCap {
                 max_send_wr: cap.max_send_wr.max(1),
                 max_recv_wr: cap.max_recv_wr.max(1),
             },
+            qp_type,
+            ctx.port_mtu(),
         );
         drop(rcq_guard);
         drop(scq_guard);
@@ -751,6 +767,7 @@ unsafe fn create_qp(
                     ..cap
                 };
                 let rings = Arc::new(QpRings::new(
+                    qp_type,
                     granted.max_send_wr,
                     granted.max_recv_wr,
                     QpState::Reset,
@@ -775,7 +792,7 @@ unsafe fn create_qp(
                         handle: inner.qpn,
                         qp_num: inner.qpn,
                         state: IBV_QPS_RESET,
-                        qp_type: IBV_QPT_RC,
+                        qp_type: a.qp_type,
                         ..Default::default()
                     },
                     ..Default::default()
@@ -796,6 +813,7 @@ unsafe fn create_qp(
                     events_reported: AtomicU32::new(0),
                     events_acked: AtomicU32::new(0),
                     srq,
+                    qkey: AtomicU32::new(0),
                 }));
                 if let Some(sq) = srq {
                     sq.users.fetch_add(1, Ordering::AcqRel);
@@ -875,8 +893,22 @@ const RC_MASK: u32 = IBV_QP_STATE
     | IBV_QP_MAX_DEST_RD_ATOMIC
     | IBV_QP_DEST_QPN;
 
-fn qp_attr_of(a: &ibv_qp_attr, mask: u32) -> Result<QpAttr, c_int> {
-    if mask & !RC_MASK != 0 {
+/// UD's: no address vector, PSN of the receive side or timers; a Q_Key.
+const UD_MASK: u32 = IBV_QP_STATE
+    | IBV_QP_CUR_STATE
+    | IBV_QP_EN_SQD_ASYNC_NOTIFY
+    | IBV_QP_PKEY_INDEX
+    | IBV_QP_PORT
+    | IBV_QP_QKEY
+    | IBV_QP_SQ_PSN;
+
+fn qp_attr_of(a: &ibv_qp_attr, mask: u32, qp_type: ibv_qp_type) -> Result<QpAttr, c_int> {
+    let allowed = if qp_type == IBV_QPT_UD {
+        UD_MASK
+    } else {
+        RC_MASK
+    };
+    if mask & !allowed != 0 {
         return Err(libc::EINVAL);
     }
     let has = |b: u32| mask & b != 0;
@@ -892,6 +924,9 @@ fn qp_attr_of(a: &ibv_qp_attr, mask: u32) -> Result<QpAttr, c_int> {
     }
     if has(IBV_QP_PORT) {
         q.port_num = Some(a.port_num);
+    }
+    if has(IBV_QP_QKEY) {
+        q.qkey = Some(a.qkey);
     }
     if has(IBV_QP_AV) {
         // RoCE needs the GRH: its GIDs are the IP addresses.
@@ -942,7 +977,7 @@ fn qp_attr_of(a: &ibv_qp_attr, mask: u32) -> Result<QpAttr, c_int> {
 
 /// The network path to the GID in `ah`, from our GID at its source index:
 /// the peer's MAC from the kernel's neighbour table (resolved if missing).
-fn path_of(ctx: &Context, a: &ibv_ah_attr) -> Result<Path, c_int> {
+pub(crate) fn path_of(ctx: &Context, a: &ibv_ah_attr) -> Result<Path, c_int> {
     let netdev = ctx.netdev();
     let gids = gid_table(netdev);
     let local = gids.get(a.grh.sgid_index as usize).ok_or(libc::EINVAL)?;
@@ -984,7 +1019,7 @@ pub unsafe extern "C" fn ibv_modify_qp(
         // SAFETY: the caller's attr.
         let a = unsafe { &*attr };
         let m = mask as u32;
-        let qa = match qp_attr_of(a, m) {
+        let qa = match qp_attr_of(a, m, q.qpx.qp_base.qp_type) {
             Ok(x) => x,
             Err(e) => return e,
         };
@@ -1002,6 +1037,9 @@ pub unsafe extern "C" fn ibv_modify_qp(
         };
         if let Err(e) = i.modify(&qa) {
             return e.errno();
+        }
+        if let Some(k) = qa.qkey {
+            q.qkey.store(k, Ordering::Relaxed);
         }
         if let Some(p) = path {
             if let Err(e) = i.set_path(p) {
@@ -1047,6 +1085,7 @@ pub unsafe extern "C" fn ibv_query_qp(
         cur_qp_state: state,
         cap: q.cap,
         port_num: 1,
+        qkey: q.qkey.load(Ordering::Relaxed),
         ..Default::default()
     };
     let ia = ibv_qp_init_attr {
@@ -1055,7 +1094,7 @@ pub unsafe extern "C" fn ibv_query_qp(
         recv_cq: q.qpx.qp_base.recv_cq,
         srq: q.qpx.qp_base.srq,
         cap: q.cap,
-        qp_type: IBV_QPT_RC,
+        qp_type: q.qpx.qp_base.qp_type,
         sq_sig_all: q.sq_sig_all as c_int,
     };
     // SAFETY: the caller's structs.
@@ -1175,6 +1214,16 @@ fn post_one(q: &Qp, rings: &QpRings, r: &ibv_send_wr) -> Result<(), c_int> {
             }
             _ => {}
         }
+    }
+    if q.qpx.qp_base.qp_type == IBV_QPT_UD {
+        // SAFETY: a UD WR's union member is `ud`.
+        let ud = unsafe { r.wr.ud };
+        let ah = crate::ah::ah_handle(ud.ah).ok_or(libc::EINVAL)?;
+        w.ud = Some(UdDest {
+            ah,
+            remote_qpn: ud.remote_qpn & 0xff_ffff,
+            remote_qkey: ud.remote_qkey,
+        });
     }
     let mut inline = [0u8; MAX_INLINE];
     if r.send_flags & IBV_SEND_INLINE != 0 {

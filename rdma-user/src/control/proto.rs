@@ -123,6 +123,8 @@ impl WcJson {
             imm: self.imm,
             qp_num: self.qp_num,
             solicited: false,
+            src_qp: 0,
+            grh: false,
         })
     }
 }

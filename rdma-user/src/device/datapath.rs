@@ -18,16 +18,20 @@ pub type Result<T, E = DeviceError> = std::result::Result<T, E>;
 use crate::io::xsk::{SharedMem, Xsk};
 use crate::memory::{Access, Backing, MrTable};
 use crate::transport::{
-    Nanos, QpAttr, QpCap, QpEngine, QpState, QpStats, RecvWr, SendWr, Wc, WcOpcode,
+    grh_of, Nanos, QpAttr, QpCap, QpEngine, QpState, QpStats, QpType, RecvWr, SendWr, Wc, WcOpcode,
 };
 
 use super::rings::{AsyncEvent, AsyncShared, CqShared, Doorbell, QpRings, SrqShared};
 use crate::wire::{
-    ipv4_mapped_gid, udp_sport_for_qps, EthernetRepr, IpRepr, Ipv4Repr, Ipv6Repr, RoceRepr,
-    TransportRepr, UdpRepr, WireError, ETH_P_IPV4, ETH_P_IPV6, ICRC_LEN, IPPROTO_UDP,
+    ipv4_mapped_gid, udp_sport_for_qps, udp_sport_for_ud, EthernetRepr, IpRepr, Ipv4Repr, Ipv6Repr,
+    RoceRepr, TransportRepr, UdpRepr, WireError, ETH_P_IPV4, ETH_P_IPV6, ICRC_LEN, IPPROTO_UDP,
     ROCE_V2_UDP_PORT,
 };
 use rdma_common::OpFlags;
+
+/// The longest network header a frame gets: Ethernet, one VLAN tag,
+/// IPv6, UDP.
+const MAX_NET_HEADER_LEN: usize = 14 + 4 + 40 + 8;
 
 /// Where a QP's packets go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -205,6 +209,8 @@ pub struct DpStats {
     pub rx_unknown_qpn: u64,
     pub rx_wrong_source: u64,
     pub tx_ring_full: u64,
+    /// UD sends whose address handle was destroyed before they left.
+    pub tx_no_ah: u64,
     /// Frames whose network headers or ICRC could not be written (never
     /// expected: the buffer is sized for them).
     pub tx_emit_errors: u64,
@@ -262,6 +268,7 @@ impl Connect {
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     pub max_qp: usize,
+    pub max_ah: usize,
     pub max_mr: usize,
     pub max_cq: usize,
     pub max_mr_len: usize,
@@ -271,11 +278,19 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_qp: 256,
+            max_ah: 0x3ffe,
             max_mr: 1024,
             max_cq: 256,
             max_mr_len: 1 << 30,
         }
     }
+}
+
+/// An address handle: where UD sends to it go.
+struct AhSlot {
+    pd: u32,
+    path: Path,
+    net: RoceRepr,
 }
 
 /// Engine state of one device (QPs, MRs, CQs), without the sockets. Split
@@ -285,6 +300,9 @@ pub struct Core {
     mr_backing: HashMap<u32, SharedMem>,
     qps: crate::memory::KeyMap<QpSlot>,
     cqs: HashMap<u32, CqRing>,
+    /// Address handles: the network headers of a UD destination.
+    ahs: HashMap<u32, AhSlot>,
+    next_ah: u32,
     next_qpn: u32,
     next_cq: u32,
     next_pd: u32,
@@ -326,6 +344,8 @@ impl Core {
             mr_backing: HashMap::new(),
             qps: crate::memory::KeyMap::default(),
             cqs: HashMap::new(),
+            ahs: HashMap::new(),
+            next_ah: 1,
             // rxe starts QPNs at 17; so do we (QP0/QP1 are special).
             next_qpn: 0x11,
             next_cq: 1,
@@ -439,8 +459,21 @@ impl Core {
         self.create_qp_cqs(pd, cq, cq, cap)
     }
 
-    /// A QP with its own send and receive CQs (they may be the same).
+    /// An RC QP with its own send and receive CQs (they may be the same).
     pub fn create_qp_cqs(&mut self, pd: u32, cq: u32, recv_cq: u32, cap: QpCap) -> Result<u32> {
+        self.create_qp_typed(pd, cq, recv_cq, cap, QpType::Rc, 1024)
+    }
+
+    /// A QP of `qp_type`; a UD QP's datagrams are at most `port_mtu` bytes.
+    pub fn create_qp_typed(
+        &mut self,
+        pd: u32,
+        cq: u32,
+        recv_cq: u32,
+        cap: QpCap,
+        qp_type: QpType,
+        port_mtu: u32,
+    ) -> Result<u32> {
         if self.qps.len() >= self.limits.max_qp {
             return Err(DeviceError::QpLimit(self.limits.max_qp));
         }
@@ -460,7 +493,7 @@ impl Core {
         self.qps.insert(
             qpn,
             QpSlot {
-                qp: QpEngine::new(qpn, pd, cap),
+                qp: QpEngine::with_type(qpn, pd, cap, qp_type, port_mtu),
                 cq,
                 recv_cq,
                 net: None,
@@ -490,6 +523,35 @@ impl Core {
             }
         }
         Ok(())
+    }
+
+    /// An address handle in `pd` for UD sends to the peer of `path`.
+    pub fn create_ah(&mut self, pd: u32, path: Path) -> Result<u32> {
+        if self.ahs.len() >= self.limits.max_ah {
+            return Err(DeviceError::AhLimit(self.limits.max_ah));
+        }
+        // The QPNs of the template do not matter: a UD packet's UDP source
+        // port is its sending QP's, set per packet.
+        let net = path.template(0, 0)?;
+        let mut ah = self.next_ah;
+        while ah == 0 || self.ahs.contains_key(&ah) {
+            ah = ah.wrapping_add(1);
+        }
+        self.next_ah = ah.wrapping_add(1);
+        self.ahs.insert(ah, AhSlot { pd, path, net });
+        Ok(ah)
+    }
+
+    pub fn destroy_ah(&mut self, ah: u32) -> Result<()> {
+        self.ahs
+            .remove(&ah)
+            .map(|_| ())
+            .ok_or(DeviceError::NoAh(ah))
+    }
+
+    /// The PD and path of an address handle.
+    pub fn ah(&self, ah: u32) -> Option<(u32, Path)> {
+        self.ahs.get(&ah).map(|a| (a.pd, a.path))
     }
 
     pub fn qp(&self, qpn: u32) -> Option<&QpEngine> {
@@ -679,12 +741,15 @@ impl Core {
                 }
             }
         }
-        slot.qp.handle_packet(
-            now,
-            &repr.transport,
-            &frame[layout.payload.clone()],
-            &mut self.mem,
-        );
+        let payload = &frame[layout.payload.clone()];
+        if slot.qp.qp_type() == QpType::Ud {
+            let grh = grh_of(&frame[layout.l3..]);
+            slot.qp
+                .handle_datagram(&repr.transport, &grh, payload, &mut self.mem);
+        } else {
+            slot.qp
+                .handle_packet(now, &repr.transport, payload, &mut self.mem);
+        }
         Self::drain_wcs(
             slot,
             &mut self.cqs,
@@ -779,22 +844,49 @@ impl Core {
             let Some(slot) = self.qps.get_mut(&qpn) else {
                 continue;
             };
-            let Some(net) = slot.net.as_mut() else {
-                continue;
+            // Where the segment goes decides where it starts: after the
+            // QP's headers (RC) or its next datagram's address handle's
+            // (UD; one destroyed meanwhile: the longest, then dropped).
+            let hl = match (slot.qp.qp_type(), &slot.net) {
+                (QpType::Rc, Some(net)) => net.net_header_len(),
+                (QpType::Rc, None) => continue,
+                (QpType::Ud, _) => match slot.qp.next_ah() {
+                    Some(ah) => self
+                        .ahs
+                        .get(&ah)
+                        .map_or(MAX_NET_HEADER_LEN, |a| a.net.net_header_len()),
+                    None => continue,
+                },
             };
-            let hl = net.net_header_len();
             if buf.len() < hl + slot.qp.max_segment_len() + ICRC_LEN {
                 too_small = true;
                 continue;
             }
-            if let Some(tl) = slot.qp.poll_transmit(now, &self.mem, &mut buf[hl..]) {
+            if let Some(tx) = slot.qp.poll_transmit(now, &self.mem, &mut buf[hl..]) {
+                let net = match tx.ah {
+                    None => slot.net.as_mut(),
+                    Some(ah) => self.ahs.get_mut(&ah).map(|a| {
+                        a.net.udp.src_port = udp_sport_for_ud(qpn);
+                        &mut a.net
+                    }),
+                };
+                let Some(net) = net else {
+                    self.stats.tx_no_ah += 1;
+                    Self::drain_wcs(
+                        slot,
+                        &mut self.cqs,
+                        &mut self.stats,
+                        self.async_events.as_deref(),
+                    );
+                    continue;
+                };
                 if let IpRepr::V4(ip) = &mut net.ip {
                     ip.id = ip.id.wrapping_add(1);
                 }
                 // The buffer was checked to hold the headers, the largest
                 // segment and the ICRC, so emit cannot fail; if it ever did,
                 // the segment is lost (and retransmitted) and counted.
-                let len = match net.emit_net_and_icrc(buf, tl + ICRC_LEN) {
+                let len = match net.emit_net_and_icrc(buf, tx.len + ICRC_LEN) {
                     Ok(n) => n,
                     Err(_) => {
                         self.stats.tx_emit_errors += 1;

@@ -11,6 +11,9 @@ use crate::transport::{ModifyError, PostError};
 pub enum DeviceError {
     NoQp(u32),
     NoCq(u32),
+    /// No address handle with this number.
+    NoAh(u32),
+    AhLimit(usize),
     /// A CQ that a QP still uses (rdma-core: EBUSY).
     CqBusy(u32),
     /// No memory region with this lkey.
@@ -34,7 +37,11 @@ impl DeviceError {
     /// The errno rdma-core's verbs return for this failure.
     pub fn errno(&self) -> i32 {
         match self {
-            DeviceError::NoQp(_) | DeviceError::NoCq(_) | DeviceError::NoMr(_) => libc::EINVAL,
+            DeviceError::NoQp(_)
+            | DeviceError::NoCq(_)
+            | DeviceError::NoMr(_)
+            | DeviceError::NoAh(_) => libc::EINVAL,
+            DeviceError::AhLimit(_) => libc::ENOMEM,
             DeviceError::CqBusy(_) => libc::EBUSY,
             DeviceError::QpLimit(_) | DeviceError::CqLimit(_) | DeviceError::Memory(_) => {
                 libc::ENOMEM
@@ -55,6 +62,8 @@ impl fmt::Display for DeviceError {
         match self {
             DeviceError::NoQp(q) => write!(f, "no QP {q:#x}"),
             DeviceError::NoCq(c) => write!(f, "no CQ {c}"),
+            DeviceError::NoAh(a) => write!(f, "no address handle {a}"),
+            DeviceError::AhLimit(n) => write!(f, "address handle limit reached ({n})"),
             DeviceError::CqBusy(c) => write!(f, "CQ {c} is still used by a QP"),
             DeviceError::NoMr(k) => write!(f, "no memory region with lkey {k:#x}"),
             DeviceError::QpLimit(n) => {

@@ -20,8 +20,8 @@ use std::sync::{Arc, OnceLock};
 use crossbeam_queue::ArrayQueue;
 
 use crate::transport::{
-    check_recv, check_send, PostError, QpState, RecvWr, SendFlags, SendWr, Sge, Wc, WcStatus,
-    WrOpcode, MAX_INLINE, MAX_SGE,
+    check_recv, check_send, PostError, QpState, QpType, RecvWr, SendFlags, SendWr, Sge, UdDest, Wc,
+    WcStatus, WrOpcode, MAX_INLINE, MAX_SGE,
 };
 
 /// A close-on-exec eventfd with `flags` besides.
@@ -118,6 +118,7 @@ pub struct OwnedSendWr {
     pub swap: u64,
     /// Inline data (copied at post time, as IBV_SEND_INLINE promises).
     pub inline: Option<(u16, [u8; MAX_INLINE])>,
+    pub ud: Option<UdDest>,
 }
 
 impl OwnedSendWr {
@@ -151,6 +152,7 @@ impl OwnedSendWr {
             compare_add: wr.compare_add,
             swap: wr.swap,
             inline,
+            ud: wr.ud,
         })
     }
 
@@ -163,6 +165,7 @@ impl OwnedSendWr {
         w.rkey = self.rkey;
         w.compare_add = self.compare_add;
         w.swap = self.swap;
+        w.ud = self.ud;
         w.inline = self.inline.as_ref().map(|(n, b)| &b[..*n as usize]);
         w
     }
@@ -240,13 +243,15 @@ pub struct QpRings {
     send: Depth,
     recv: Depth,
     state: AtomicU8,
+    qp_type: QpType,
     /// The data path's, set when the rings are handed to it.
     doorbell: OnceLock<Arc<Doorbell>>,
 }
 
 impl QpRings {
-    pub fn new(max_send_wr: u32, max_recv_wr: u32, state: QpState) -> QpRings {
+    pub fn new(qp_type: QpType, max_send_wr: u32, max_recv_wr: u32, state: QpState) -> QpRings {
         let r = QpRings {
+            qp_type,
             sq: ArrayQueue::new(max_send_wr.max(1) as usize),
             rq: ArrayQueue::new(max_recv_wr.max(1) as usize),
             send: Depth::new(max_send_wr.max(1)),
@@ -266,7 +271,7 @@ impl QpRings {
     /// Posts a send WR (one poster at a time per QP: the caller serialises
     /// its posters, as a provider's per-QP lock does).
     pub fn post_send(&self, wr: &SendWr) -> Result<(), PostError> {
-        check_send(self.state(), wr)?;
+        check_send(self.qp_type, self.state(), wr)?;
         if !self.send.has_room() {
             return Err(PostError::QueueFull);
         }

@@ -30,6 +30,8 @@ pub const NO_WC: Wc = Wc {
     imm: None,
     qp_num: 0,
     solicited: false,
+    src_qp: 0,
+    grh: false,
 };
 
 /// What keeps a device's XDP program attached and its interface locked

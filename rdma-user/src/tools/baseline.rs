@@ -515,7 +515,8 @@ fn pump(
 ) -> Result<u64> {
     let hl = snet.map_or(0, |n| n.net_header_len());
     let mut n = 0;
-    while let Some(tl) = src.poll_transmit(now, smem, &mut frame[hl..]) {
+    while let Some(tx) = src.poll_transmit(now, smem, &mut frame[hl..]) {
+        let tl = tx.len;
         match snet {
             // Parsed results are used in place: moving a repr out of its
             // Result is a copy per packet the data path does not make.

@@ -68,6 +68,8 @@ fn send_wc(cq: &mut VecDeque<Wc>, qpn: u32, w: &SendWqe, status: WcStatus, force
             imm: None,
             qp_num: qpn,
             solicited: false,
+            src_qp: 0,
+            grh: false,
         });
     }
 }

@@ -25,23 +25,27 @@
 //! incoming requests and answers them (ACK/NAK, READ and atomic replies,
 //! duplicates); [`completer`] handles ACKs, NAKs and READ responses, retires
 //! WQEs into completions and runs the timers. [`wr`] holds the work request
-//! and completion types they share.
+//! and completion types they share. A UD QP uses none of the three: [`ud`]
+//! sends and receives its datagrams (no ACKs, no retransmission).
 
 mod completer;
 mod qp;
 mod requester;
 mod responder;
+mod ud;
 mod wr;
 
 pub use completer::{ack_timeout_ns, rnr_timer_ns};
 pub use qp::{
-    pkey_matches, AttrMask, ModifyError, QpAttr, QpCap, QpEngine, QpState, QpStats, MAX_RD_ATOMIC,
+    pkey_matches, AttrMask, ModifyError, QpAttr, QpCap, QpEngine, QpState, QpStats, QpType,
+    Transmit, MAX_RD_ATOMIC,
 };
 pub use requester::{check_send, MAX_PKT_PER_ACK, RETRY_WINDOW};
 pub use responder::check_recv;
+pub use ud::{grh_of, GRH_LEN};
 pub use wr::{
-    PostError, RecvWr, SendFlags, SendWr, Sge, Wc, WcOpcode, WcStatus, WrOpcode, MAX_INLINE,
-    MAX_SGE,
+    PostError, RecvWr, SendFlags, SendWr, Sge, UdDest, Wc, WcOpcode, WcStatus, WrOpcode,
+    MAX_INLINE, MAX_SGE,
 };
 
 use std::collections::VecDeque;
@@ -49,7 +53,7 @@ use std::collections::VecDeque;
 use crate::memory::{Access, AccessError, AtomicOp, MrTable};
 use crate::wire::{
     opcode, opcode_flags, pad_for, psn_add, psn_diff, syndrome, AethRepr, AtomicEthRepr, BthRepr,
-    NakCode, OpFlags, Position, RethRepr, Syndrome, TransportRepr, MASK_24,
+    DethRepr, NakCode, OpFlags, Position, RethRepr, Syndrome, TransportRepr, MASK_24,
 };
 
 use completer::Completer;

@@ -8,6 +8,26 @@ use std::fmt;
 
 pub const MAX_RD_ATOMIC: u8 = 16;
 
+/// The transport service of a QP (`ibv_qp_type`, the two offered here).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum QpType {
+    /// Reliable Connected.
+    #[default]
+    Rc,
+    /// Unreliable Datagram: one packet per message, to any QP whose Q_Key
+    /// is known, never retransmitted.
+    Ud,
+}
+
+impl fmt::Display for QpType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            QpType::Rc => "RC",
+            QpType::Ud => "UD",
+        })
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QpState {
     Reset,
@@ -34,7 +54,7 @@ impl fmt::Display for QpState {
 }
 
 /// Which attributes an `ibv_modify_qp` call sets: rdma-core's
-/// `enum ibv_qp_attr_mask`, bit for bit (only the bits RC uses).
+/// `enum ibv_qp_attr_mask`, bit for bit (only the bits RC and UD use).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct AttrMask(u32);
 
@@ -44,6 +64,7 @@ impl AttrMask {
     pub const ACCESS_FLAGS: AttrMask = AttrMask(1 << 3);
     pub const PKEY_INDEX: AttrMask = AttrMask(1 << 4);
     pub const PORT: AttrMask = AttrMask(1 << 5);
+    pub const QKEY: AttrMask = AttrMask(1 << 6);
     pub const AV: AttrMask = AttrMask(1 << 7);
     pub const PATH_MTU: AttrMask = AttrMask(1 << 8);
     pub const TIMEOUT: AttrMask = AttrMask(1 << 9);
@@ -58,9 +79,10 @@ impl AttrMask {
 
     /// Every attribute with the name errors use, in the order errors report
     /// them (the first missing or unexpected one is named).
-    const NAMES: [(AttrMask, &'static str); 14] = [
+    const NAMES: [(AttrMask, &'static str); 15] = [
         (AttrMask::PKEY_INDEX, "pkey_index"),
         (AttrMask::PORT, "port_num"),
+        (AttrMask::QKEY, "qkey"),
         (AttrMask::ACCESS_FLAGS, "qp_access_flags"),
         (AttrMask::AV, "av"),
         (AttrMask::PATH_MTU, "path_mtu"),
@@ -114,6 +136,9 @@ pub struct QpAttr {
     pub qp_state: Option<QpState>,
     pub pkey_index: Option<u16>,
     pub port_num: Option<u8>,
+    /// UD: the Q_Key incoming datagrams must carry (and sends use when the
+    /// WR's has its high bit set).
+    pub qkey: Option<u32>,
     pub qp_access_flags: Option<Access>,
     /// Destination GID of the address vector; the engine keeps it for the
     /// driver, which builds the IP/UDP headers.
@@ -138,6 +163,7 @@ impl QpAttr {
             (self.qp_state.is_some(), AttrMask::STATE),
             (self.pkey_index.is_some(), AttrMask::PKEY_INDEX),
             (self.port_num.is_some(), AttrMask::PORT),
+            (self.qkey.is_some(), AttrMask::QKEY),
             (self.qp_access_flags.is_some(), AttrMask::ACCESS_FLAGS),
             (self.dest_gid.is_some(), AttrMask::AV),
             (self.path_mtu.is_some(), AttrMask::PATH_MTU),
@@ -239,6 +265,14 @@ pub struct QpStats {
     pub wrong_transport: u64,
     /// NAKed Invalid Request: a reserved opcode of the RC range.
     pub reserved_opcodes: u64,
+    /// UD: datagrams dropped for a Q_Key other than the QP's (IBA 10.2.5).
+    pub bad_qkey: u64,
+    /// UD: datagrams dropped because no receive WR was posted (UD never
+    /// sends RNR NAKs: the datagram is lost).
+    pub no_recv_wqe: u64,
+    /// UD: sends longer than the path MTU, completed without a packet as
+    /// IBA C10-93.1.1 and rxe do.
+    pub oversize_sends: u64,
 }
 
 /// One queue pair: its attributes and state machine here, and the state of
@@ -246,6 +280,8 @@ pub struct QpStats {
 pub struct QpEngine {
     pub(super) qpn: u32,
     pub(super) pd: u32,
+    pub(super) qp_type: QpType,
+    pub(super) qkey: u32,
     pub(super) state: QpState,
     pub(super) cap_send: usize,
     pub(super) cap_recv: usize,
@@ -294,20 +330,39 @@ fn mtu_ok(m: u32) -> bool {
     matches!(m, 256 | 512 | 1024 | 2048 | 4096)
 }
 
+/// What [`QpEngine::poll_transmit`] wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    /// Bytes of the segment (BTH through pad).
+    pub len: usize,
+    /// UD: the address handle it goes to (an RC QP's go to its path).
+    pub ah: Option<u32>,
+}
+
 impl QpEngine {
+    /// An RC QP.
     pub fn new(qpn: u32, pd: u32, cap: QpCap) -> QpEngine {
+        Self::with_type(qpn, pd, cap, QpType::Rc, 1024)
+    }
+
+    /// A QP of `qp_type`; a UD QP's messages are at most `port_mtu` bytes
+    /// (UD has no path MTU attribute: the port's active MTU applies).
+    pub fn with_type(qpn: u32, pd: u32, cap: QpCap, qp_type: QpType, port_mtu: u32) -> QpEngine {
         let cap_send = cap.max_send_wr.max(1) as usize;
         let cap_recv = cap.max_recv_wr.max(1) as usize;
+        let ud = qp_type == QpType::Ud;
         QpEngine {
             qpn: qpn & MASK_24,
             pd,
+            qp_type,
+            qkey: 0,
             state: QpState::Reset,
             cap_send,
             cap_recv,
             pkey: 0xffff,
             access: Access(0),
             dest_gid: [0; 16],
-            mtu: 1024,
+            mtu: if mtu_ok(port_mtu) { port_mtu } else { 1024 },
             dest_qpn: 0,
             timeout: 14,
             retry_cnt: 7,
@@ -315,7 +370,7 @@ impl QpEngine {
             min_rnr_timer: 12,
             max_rd_atomic: 1,
             max_dest_rd_atomic: 1,
-            req: Requester::new(cap_send),
+            req: Requester::new(cap_send, ud),
             comp: Completer::new(),
             resp: Responder::new(cap_recv),
             completions: VecDeque::with_capacity(cap_send + cap_recv),
@@ -336,6 +391,14 @@ impl QpEngine {
 
     pub fn pd(&self) -> u32 {
         self.pd
+    }
+
+    pub fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+
+    pub fn qkey(&self) -> u32 {
+        self.qkey
     }
 
     pub fn state(&self) -> QpState {
@@ -431,38 +494,56 @@ impl QpEngine {
         let present = a.mask().minus(M::STATE);
         // The IBA's required and optional attributes per transition (IBA
         // 11.2.4.2, table 91 for RC; the same masks rdma-core checks).
-        let (required, optional) = match (from, to) {
-            (_, Reset) | (_, QpState::Err) => (M::NONE, M::NONE),
-            (Reset, Init) => (M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS, M::NONE),
-            (Init, Init) => (M::NONE, M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS),
-            (Init, Rtr) => (
-                M::AV
-                    | M::PATH_MTU
-                    | M::DEST_QPN
-                    | M::RQ_PSN
-                    | M::MAX_DEST_RD_ATOMIC
-                    | M::MIN_RNR_TIMER,
-                M::PKEY_INDEX | M::ACCESS_FLAGS,
-            ),
-            (Rtr, Rts) => (
-                M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
-                M::ACCESS_FLAGS | M::MIN_RNR_TIMER,
-            ),
-            (Rts, Rts) | (Sqd, Rts) | (Sqe, Rts) => (M::NONE, M::ACCESS_FLAGS | M::MIN_RNR_TIMER),
-            (Rts, Sqd) => (M::NONE, M::NONE),
-            (Sqd, Sqd) => (
-                M::NONE,
-                M::ACCESS_FLAGS
-                    | M::MIN_RNR_TIMER
-                    | M::AV
-                    | M::PATH_MTU
-                    | M::TIMEOUT
-                    | M::RETRY_CNT
-                    | M::RNR_RETRY
-                    | M::MAX_QP_RD_ATOMIC
-                    | M::MAX_DEST_RD_ATOMIC,
-            ),
-            _ => return Err(ModifyError::InvalidTransition { from, to }),
+        let (required, optional) = if self.qp_type == QpType::Ud {
+            // IBA 11.2.4.2 for UD: no address vector, PSNs or timers, a
+            // Q_Key from INIT on (rdma-core checks the same masks).
+            match (from, to) {
+                (_, Reset) | (_, QpState::Err) => (M::NONE, M::NONE),
+                (Reset, Init) => (M::PKEY_INDEX | M::PORT | M::QKEY, M::NONE),
+                (Init, Init) => (M::NONE, M::PKEY_INDEX | M::PORT | M::QKEY),
+                (Init, Rtr) => (M::NONE, M::PKEY_INDEX | M::QKEY),
+                (Rtr, Rts) => (M::SQ_PSN, M::QKEY),
+                (Rts, Rts) | (Sqd, Rts) | (Sqe, Rts) => (M::NONE, M::QKEY),
+                (Rts, Sqd) => (M::NONE, M::NONE),
+                (Sqd, Sqd) => (M::NONE, M::PKEY_INDEX | M::QKEY),
+                _ => return Err(ModifyError::InvalidTransition { from, to }),
+            }
+        } else {
+            match (from, to) {
+                (_, Reset) | (_, QpState::Err) => (M::NONE, M::NONE),
+                (Reset, Init) => (M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS, M::NONE),
+                (Init, Init) => (M::NONE, M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS),
+                (Init, Rtr) => (
+                    M::AV
+                        | M::PATH_MTU
+                        | M::DEST_QPN
+                        | M::RQ_PSN
+                        | M::MAX_DEST_RD_ATOMIC
+                        | M::MIN_RNR_TIMER,
+                    M::PKEY_INDEX | M::ACCESS_FLAGS,
+                ),
+                (Rtr, Rts) => (
+                    M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
+                    M::ACCESS_FLAGS | M::MIN_RNR_TIMER,
+                ),
+                (Rts, Rts) | (Sqd, Rts) | (Sqe, Rts) => {
+                    (M::NONE, M::ACCESS_FLAGS | M::MIN_RNR_TIMER)
+                }
+                (Rts, Sqd) => (M::NONE, M::NONE),
+                (Sqd, Sqd) => (
+                    M::NONE,
+                    M::ACCESS_FLAGS
+                        | M::MIN_RNR_TIMER
+                        | M::AV
+                        | M::PATH_MTU
+                        | M::TIMEOUT
+                        | M::RETRY_CNT
+                        | M::RNR_RETRY
+                        | M::MAX_QP_RD_ATOMIC
+                        | M::MAX_DEST_RD_ATOMIC,
+                ),
+                _ => return Err(ModifyError::InvalidTransition { from, to }),
+            }
         };
         if let Some(attr) = present.minus(required.union(optional)).first_name() {
             return Err(ModifyError::UnexpectedAttr { from, to, attr });
@@ -508,6 +589,9 @@ impl QpEngine {
 
         if let Some(v) = a.qp_access_flags {
             self.access = v;
+        }
+        if let Some(v) = a.qkey {
+            self.qkey = v;
         }
         if let Some(v) = a.dest_gid {
             self.dest_gid = v;
@@ -561,7 +645,7 @@ impl QpEngine {
             max_send_wr: self.cap_send as u32,
             max_recv_wr: self.cap_recv as u32,
         };
-        *self = QpEngine::new(qpn, pd, cap);
+        *self = QpEngine::with_type(qpn, pd, cap, self.qp_type, self.mtu);
     }
 
     /// Moves to ERR and flushes every outstanding work request.
@@ -608,6 +692,8 @@ impl QpEngine {
             imm: None,
             qp_num: self.qpn,
             solicited: false,
+            src_qp: 0,
+            grh: false,
         });
     }
 
@@ -618,17 +704,21 @@ impl QpEngine {
     /// Writes the next segment to send (BTH, extension headers, payload, pad;
     /// the driver adds the network headers and ICRC) and returns its length.
     /// Responses go first so the peer's requests are never starved.
-    pub fn poll_transmit(&mut self, now: Nanos, mem: &MrTable, buf: &mut [u8]) -> Option<usize> {
+    pub fn poll_transmit(&mut self, now: Nanos, mem: &MrTable, buf: &mut [u8]) -> Option<Transmit> {
         if buf.len() < self.max_segment_len() {
             return None;
         }
-        if let Some(n) = self.poll_response(mem, buf) {
+        if self.qp_type == QpType::Ud {
+            let (len, ah) = self.poll_datagram(mem, buf)?;
             self.stats.tx_packets += 1;
-            return Some(n);
+            return Some(Transmit { len, ah: Some(ah) });
         }
-        let n = self.poll_request(now, mem, buf)?;
+        let len = match self.poll_response(mem, buf) {
+            Some(n) => n,
+            None => self.poll_request(now, mem, buf)?,
+        };
         self.stats.tx_packets += 1;
-        Some(n)
+        Some(Transmit { len, ah: None })
     }
 
     pub(super) fn bth(&self, opc: u8, psn: u32, ack_req: bool) -> BthRepr {
@@ -661,6 +751,11 @@ impl QpEngine {
         payload: &[u8],
         mem: &mut MrTable,
     ) {
+        if self.qp_type == QpType::Ud {
+            // A datagram needs its GRH: the driver calls handle_datagram.
+            self.stats.wrong_transport += 1;
+            return;
+        }
         self.stats.rx_packets += 1;
         let flags = t.flags();
         // Header checks every packet passes before a role sees it (IBA 9.6;

@@ -23,6 +23,9 @@ pub(super) struct Requester {
     /// Inline slot of the next posted WQE (counts posts modulo cap_send,
     /// kept as an index: a division per post showed in profiles).
     pub(super) inline_next: usize,
+    /// UD: each WQE's destination, at its inline slot (empty for RC, so
+    /// RC's WQE stays one cache line).
+    pub(super) ud_dests: Vec<UdDest>,
     pub(super) next_psn: u32,
     pub(super) cur: usize,
     pub(super) cur_psn: u32,
@@ -36,11 +39,12 @@ pub(super) struct Requester {
 }
 
 impl Requester {
-    pub(super) fn new(cap_send: usize) -> Requester {
+    pub(super) fn new(cap_send: usize, ud: bool) -> Requester {
         Requester {
             sq: VecDeque::with_capacity(cap_send),
             inline_bufs: vec![[0u8; MAX_INLINE]; cap_send],
             inline_next: 0,
+            ud_dests: vec![UdDest::default(); if ud { cap_send } else { 0 }],
             next_psn: 0,
             cur: 0,
             cur_psn: 0,
@@ -92,13 +96,21 @@ impl SendWqe {
     }
 }
 
-/// What `post_send` refuses before queueing, for a QP in `state`: also
-/// checked where a WR is posted on another thread than the engine's (the
-/// verbs rings), so both refuse the same WRs.
-pub fn check_send(state: QpState, wr: &SendWr) -> Result<(), PostError> {
+/// What `post_send` refuses before queueing, for a QP of `qp_type` in
+/// `state`: also checked where a WR is posted on another thread than the
+/// engine's (the verbs rings), so both refuse the same WRs.
+pub fn check_send(qp_type: QpType, state: QpState, wr: &SendWr) -> Result<(), PostError> {
     match state {
         QpState::Rts | QpState::Sqd | QpState::Err => {}
         s => return Err(PostError::BadState(s)),
+    }
+    if qp_type == QpType::Ud {
+        if !matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendWithImm) {
+            return Err(PostError::BadOpcode);
+        }
+        if wr.ud.is_none() {
+            return Err(PostError::NoAddress);
+        }
     }
     if wr.sg_list.len() > MAX_SGE {
         return Err(PostError::TooManySge);
@@ -126,7 +138,7 @@ fn send_length(wr: &SendWr) -> u32 {
 
 impl QpEngine {
     pub fn post_send(&mut self, wr: &SendWr) -> Result<(), PostError> {
-        check_send(self.state, wr)?;
+        check_send(self.qp_type, self.state, wr)?;
         if self.req.sq.len() >= self.cap_send {
             return Err(PostError::QueueFull);
         }
@@ -137,6 +149,9 @@ impl QpEngine {
         let slot = self.req.inline_next;
         if let Some(data) = inline {
             self.req.inline_bufs[slot][..data.len()].copy_from_slice(data);
+        }
+        if let (Some(d), Some(u)) = (self.req.ud_dests.get_mut(slot), wr.ud) {
+            *d = u;
         }
         self.req.inline_next = if slot + 1 == self.cap_send {
             0

@@ -438,6 +438,8 @@ impl QpEngine {
                     imm: t.imm,
                     qp_num: self.qpn,
                     solicited: t.bth.solicited,
+                    src_qp: 0,
+                    grh: false,
                 });
                 self.resp.in_msg = InMsg::None;
                 self.resp.msn = psn_add(self.resp.msn, 1);
@@ -508,6 +510,8 @@ impl QpEngine {
                         imm: t.imm,
                         qp_num: self.qpn,
                         solicited: t.bth.solicited,
+                        src_qp: 0,
+                        grh: false,
                     });
                 }
                 self.resp.in_msg = InMsg::None;

@@ -57,6 +57,16 @@ pub struct SendFlags {
     pub fence: bool,
 }
 
+/// Where a UD send goes (`ibv_send_wr.wr.ud`): an address handle of the
+/// device, the destination QP and its Q_Key. A Q_Key with the high bit set
+/// means "the sending QP's own" (IBA 10.2.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct UdDest {
+    pub ah: u32,
+    pub remote_qpn: u32,
+    pub remote_qkey: u32,
+}
+
 /// A send work request (`struct ibv_send_wr`).
 #[derive(Debug, Clone, Copy)]
 pub struct SendWr<'a> {
@@ -71,6 +81,8 @@ pub struct SendWr<'a> {
     pub rkey: u32,
     pub compare_add: u64,
     pub swap: u64,
+    /// UD only: the destination.
+    pub ud: Option<UdDest>,
 }
 
 impl<'a> SendWr<'a> {
@@ -89,6 +101,7 @@ impl<'a> SendWr<'a> {
             rkey: 0,
             compare_add: 0,
             swap: 0,
+            ud: None,
         }
     }
 }
@@ -108,6 +121,10 @@ pub enum PostError {
     InlineTooLong,
     /// Atomics move exactly 8 bytes.
     BadAtomicLength,
+    /// The QP's transport has no such operation (UD: only SEND).
+    BadOpcode,
+    /// A UD send without a destination.
+    NoAddress,
 }
 
 impl fmt::Display for PostError {
@@ -118,6 +135,8 @@ impl fmt::Display for PostError {
             PostError::TooManySge => write!(f, "more than {MAX_SGE} scatter/gather entries"),
             PostError::InlineTooLong => write!(f, "inline data longer than {MAX_INLINE} bytes"),
             PostError::BadAtomicLength => f.write_str("atomic operations need one 8-byte SGE"),
+            PostError::BadOpcode => f.write_str("a UD QP sends only SEND and SEND_WITH_IMM"),
+            PostError::NoAddress => f.write_str("a UD send needs an address handle"),
         }
     }
 }
@@ -253,4 +272,8 @@ pub struct Wc {
     /// A receive completion of a message with the Solicited Event bit
     /// (what `ibv_req_notify_cq(cq, 1)` waits for).
     pub solicited: bool,
+    /// UD receives: the sender's QPN (DETH), and a GRH in the buffer's
+    /// first 40 bytes (`IBV_WC_GRH`).
+    pub src_qp: u32,
+    pub grh: bool,
 }

@@ -22,7 +22,7 @@ use crate::device::runner::shared_data_path_loop;
 use crate::device::standalone::{Attachment, Standalone};
 use crate::io::xdp::XdpMode;
 use crate::memory::Access;
-use crate::transport::{QpAttr, QpCap, QpState, RecvWr, SendWr, Sge, Wc};
+use crate::transport::{QpAttr, QpCap, QpState, QpType, RecvWr, SendWr, Sge, Wc};
 
 /// What a verbs call can fail with. [`Error::errno`] is what rdma-core's
 /// verbs would return for the same failure.
@@ -308,6 +308,37 @@ impl Pd {
         })
     }
 
+    /// A QP of `qp_type` (a UD QP's datagrams are at most `port_mtu`
+    /// bytes, the port's active MTU).
+    pub fn create_qp_typed(
+        &self,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        cap: QpCap,
+        qp_type: QpType,
+        port_mtu: u32,
+    ) -> Result<Qp> {
+        let (pdn, scq, rcq) = (self.pdn, send_cq.cqn, recv_cq.cqn);
+        let qpn = self.ctx.call(move |dp| {
+            dp.core
+                .create_qp_typed(pdn, scq, rcq, cap, qp_type, port_mtu)
+        })?;
+        Ok(Qp {
+            ctx: self.ctx.clone(),
+            qpn,
+        })
+    }
+
+    /// An address handle: UD sends naming it go to the peer of `path`.
+    pub fn create_ah(&self, path: Path) -> Result<Ah> {
+        let pdn = self.pdn;
+        let handle = self.ctx.call(move |dp| dp.core.create_ah(pdn, path))?;
+        Ok(Ah {
+            ctx: self.ctx.clone(),
+            handle,
+        })
+    }
+
     /// An RC QP whose send and receive completions go to `cq`.
     pub fn create_qp(&self, cq: &Cq, cap: QpCap) -> Result<Qp> {
         let (pdn, cqn) = (self.pdn, cq.cqn);
@@ -316,6 +347,20 @@ impl Pd {
             ctx: self.ctx.clone(),
             qpn,
         })
+    }
+}
+
+/// An address handle (`ibv_ah`): the destination of UD sends, named by
+/// [`Ah::handle`] in a WR's [`crate::transport::UdDest`].
+pub struct Ah {
+    ctx: Context,
+    pub handle: u32,
+}
+
+impl Ah {
+    pub fn destroy(&self) -> Result<()> {
+        let h = self.handle;
+        self.ctx.call(move |dp| dp.core.destroy_ah(h))
     }
 }
 

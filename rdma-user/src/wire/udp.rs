@@ -45,6 +45,13 @@ impl UdpRepr {
 /// flow label from both QPNs (`rdma_calc_flow_label`), folded into
 /// 0xC000..=0xFFFF (`rdma_flow_label_to_udp_sport`). Gives ECMP entropy per
 /// connection while keeping one connection on one path.
+/// The UDP source port of a UD QP's packets, as rxe picks it once per QP
+/// (`RXE_ROCE_V2_SPORT + hash_32(qpn, 14)`): UD has no peer QP to hash.
+pub fn udp_sport_for_ud(qpn: u32) -> u16 {
+    let h = qpn.wrapping_mul(0x61c8_8647) >> (32 - 14);
+    (h & 0x3fff) as u16 | ROCE_V2_SPORT_MIN
+}
+
 pub fn udp_sport_for_qps(lqpn: u32, rqpn: u32) -> u16 {
     let mut v = lqpn as u64 * rqpn as u64;
     v ^= v >> 20;

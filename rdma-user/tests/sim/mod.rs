@@ -147,10 +147,13 @@ impl Node {
         let hl = self.net.net_header_len();
         loop {
             let mut buf = vec![0u8; hl + self.qp.max_segment_len() + ICRC_LEN];
-            let Some(n) = self.qp.poll_transmit(now, &self.mem, &mut buf[hl..]) else {
+            let Some(tx) = self.qp.poll_transmit(now, &self.mem, &mut buf[hl..]) else {
                 break;
             };
-            let len = self.net.emit_net_and_icrc(&mut buf, n + ICRC_LEN).unwrap();
+            let len = self
+                .net
+                .emit_net_and_icrc(&mut buf, tx.len + ICRC_LEN)
+                .unwrap();
             buf.truncate(len);
             out.push(buf);
         }
