@@ -631,6 +631,7 @@ pub(crate) fn library_cases(quick: bool) -> Vec<Case> {
             v.push(c);
         }
     }
+    v.extend(ud_cases(quick));
     let perf: Vec<(&str, Vec<usize>, &str)> = if quick {
         vec![("write_lat", vec![2], "")]
     } else {
@@ -687,6 +688,51 @@ pub(crate) fn library_cases(quick: bool) -> Vec<Case> {
                 }
                 v.push(c);
             }
+        }
+    }
+    v
+}
+
+/// UD against rxe, both roles, over the drop-in libibverbs: datagrams up
+/// to the port MTU (1024 B at a netdev MTU of 1500). Every name has "ud"
+/// in it (`cargo xtask interop --only ud`).
+pub(crate) fn ud_cases(quick: bool) -> Vec<Case> {
+    let mut v = Vec::new();
+    let pp: &[&str] = if quick {
+        &["-s 1024 -n 50 -c"]
+    } else {
+        &["-s 1024 -n 50 -c", "-s 64 -n 50 -c -e"]
+    };
+    for args in pp {
+        for rxe_server in [true, false] {
+            let role = if rxe_server { "server" } else { "client" };
+            let args = format!("-g 1 {args}");
+            let mut c = pingpong_case("ud: ", 1024, 50, rxe_server, false);
+            c.name = format!("ud: ibv_ud_pingpong {args}, rxe {role}");
+            c.rxe = format!(
+                "ibv_ud_pingpong -d rxe0 {args}{}",
+                if rxe_server { "" } else { " 10.99.0.1" }
+            );
+            c.ours = library_ours(
+                &format!("ibv_ud_pingpong {args}"),
+                rxe_server.then_some("10.99.0.2"),
+            );
+            v.push(c);
+        }
+    }
+    if quick {
+        return v;
+    }
+    for rxe_server in [true, false] {
+        for (tool, s) in [("send_lat", 2), ("send_lat", 1024), ("send_bw", 1024)] {
+            let n = 20;
+            let mut c = perf_case("ud: ", tool, "", Some(s), n, rxe_server).with_rxe_flags("-c UD");
+            c.ours = library_ours(
+                &format!("ib_{tool} -x 1 -s {s} -n {n} -c UD"),
+                rxe_server.then_some("10.99.0.2"),
+            );
+            c.ours_ok = "#bytes".into();
+            v.push(c);
         }
     }
     v
