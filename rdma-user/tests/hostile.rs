@@ -11,8 +11,12 @@ use rdma_user::device::datapath::{Connect, DpStats, Path};
 use rdma_user::device::standalone::NO_WC;
 use rdma_user::memory::Access;
 use rdma_user::rng::Rng;
-use rdma_user::tools::hostile::{Class, Generator, Target, CLASSES};
-use rdma_user::transport::{QpState, QpStats, RecvWr, SendWr, Sge, WrOpcode};
+use rdma_user::tools::hostile::{
+    Class, Generator, Target, UdClass, UdGenerator, UdTarget, CLASSES, UD_CLASSES,
+};
+use rdma_user::transport::{
+    QpAttr, QpCap, QpState, QpStats, QpType, RecvWr, SendWr, Sge, WcStatus, WrOpcode,
+};
 use rdma_user::wire::*;
 
 mod cores;
@@ -230,6 +234,103 @@ fn every_hostile_class_is_counted_under_its_reason_and_changes_nothing() {
                 private,
                 "{ctx}"
             );
+        }
+    }
+}
+
+/// Each UD class against a UD QP with one 256-byte receive posted: dropped
+/// and counted under its own reason (a datagram too large for the buffer
+/// completes it LOC_LEN_ERR), no byte outside the buffer changes, and the
+/// QP stays in RTS.
+#[test]
+fn every_hostile_ud_class_is_counted_under_its_reason_and_changes_nothing() {
+    const RECV: u32 = 256;
+    for (i, &class) in UD_CLASSES.iter().enumerate() {
+        for variant in 0..8u64 {
+            let mut b = host(i as u64 * 100 + variant + 7);
+            let cq = b.core.create_cq(16).unwrap();
+            let cap = QpCap {
+                max_send_wr: 4,
+                max_recv_wr: 4,
+            };
+            let pd = b.pd;
+            let qpn = b
+                .core
+                .create_qp_typed(pd, cq, cq, cap, QpType::Ud, 1024)
+                .unwrap();
+            for a in [
+                QpAttr {
+                    qp_state: Some(QpState::Init),
+                    pkey_index: Some(0),
+                    port_num: Some(1),
+                    qkey: Some(0x1111_1111),
+                    ..Default::default()
+                },
+                QpAttr {
+                    qp_state: Some(QpState::Rtr),
+                    ..Default::default()
+                },
+            ] {
+                b.core.modify_qp(qpn, &a).unwrap();
+            }
+            mem_mut(b.addr, MR_LEN).fill(0xc3);
+            let sge = [Sge {
+                addr: b.addr + 1024,
+                length: RECV,
+                lkey: b.lkey,
+            }];
+            b.core
+                .post_recv(
+                    qpn,
+                    &RecvWr {
+                        wr_id: 9,
+                        sg_list: &sge,
+                    },
+                )
+                .unwrap();
+            let t = UdTarget {
+                net: path((MAC_A, IP_A), (MAC_B, IP_B)).template(0, 0).unwrap(),
+                qpn,
+                qkey: 0x1111_1111,
+                unknown_qpn: 0x00ab_cdef,
+                recv_len: RECV,
+                mtu: 1024,
+            };
+            let mut g = UdGenerator::new(t, 1000 * i as u64 + variant);
+            let mut buf = vec![0u8; 2048];
+            let n = g.frame(class, &mut buf);
+            b.core.handle_frame(1, &buf[..n]);
+            let st = b.core.stats;
+            let mut w = [NO_WC; 4];
+            let got = b.core.cq_mut(cq).unwrap().poll(&mut w);
+            let q = b.core.qp(qpn).unwrap();
+            let qs = q.stats();
+            let ctx = format!("{class:?} #{variant}: dp {:?} qp {qs:?}", nonzero(&st));
+            assert_eq!(q.state(), QpState::Rtr, "{ctx}");
+            let outside =
+                |lo: usize, hi: usize| mem(b.addr + lo as u64, hi - lo).iter().all(|&x| x == 0xc3);
+            assert!(
+                outside(0, 1024) && outside(1024 + RECV as usize, MR_LEN),
+                "{ctx}"
+            );
+            match class {
+                UdClass::WrongQkey => assert_eq!((qs.bad_qkey, got), (1, 0), "{ctx}"),
+                UdClass::UnknownQpn => {
+                    assert_eq!((st.rx_unknown_qpn, qs.rx_packets, got), (1, 0, 0), "{ctx}")
+                }
+                UdClass::RcOpcode => assert_eq!((qs.wrong_transport, got), (1, 0), "{ctx}"),
+                UdClass::BadPkey => assert_eq!((qs.bad_pkey, got), (1, 0), "{ctx}"),
+                UdClass::TooLarge => {
+                    assert_eq!(got, 1, "{ctx}");
+                    assert_eq!((w[0].wr_id, w[0].status), (9, WcStatus::LocLenErr), "{ctx}");
+                    assert_eq!(qs.errors, 1, "{ctx}");
+                }
+            }
+            if class != UdClass::TooLarge {
+                // The receive WR is still posted and untouched.
+                assert_eq!(q.recv_queue_len(), 1, "{ctx}");
+                assert!(outside(1024, 1024 + RECV as usize), "{ctx}");
+            }
         }
     }
 }

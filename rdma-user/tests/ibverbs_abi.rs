@@ -415,6 +415,50 @@ fn c_program(name: &str) -> PathBuf {
 }
 
 #[test]
+fn ud_address_handles_and_answers_from_the_completion_between_two_programs() {
+    library();
+    let exe = c_program("ud");
+    let _g = lab::serial();
+    let lab = lab::Lab::new(1500);
+    let port = "18517";
+    let devs = [format!("xdp_{}", lab.dev[0]), format!("xdp_{}", lab.dev[1])];
+    let e = exe.to_str().unwrap();
+    let server = lab.spawn(1, &["exec", "--", e, "server", port, &devs[1]]);
+    let client = lab.exec(
+        0,
+        lab::BIN,
+        &["exec", "--", e, "client", &lab.addr[1], port, &devs[0]],
+    );
+    let server = lab::wait_timeout(server, std::time::Duration::from_secs(30));
+    let _ = std::fs::remove_file(&exe);
+    let (c, s) = (
+        String::from_utf8_lossy(&client.stdout),
+        String::from_utf8_lossy(&server.stdout),
+    );
+    let both = format!(
+        "client:\n{c}{}\nserver:\n{s}{}",
+        String::from_utf8_lossy(&client.stderr),
+        String::from_utf8_lossy(&server.stderr)
+    );
+    assert!(c.contains("all ok") && s.contains("all ok"), "{both}");
+    for check in [
+        "create_ah to an address nobody answers is EHOSTUNREACH",
+        "RDMA WRITE on a UD QP is EINVAL",
+        "the answer arrives from the server's QP",
+    ] {
+        assert!(c.contains(&format!("ok {check}")), "{both}");
+    }
+    for check in [
+        "src_qp is the sender's QP",
+        "... back to the sender's GID, from ours at index 1",
+        "a datagram larger than the buffer is LOC_LEN_ERR",
+        "nothing past the buffer is written",
+    ] {
+        assert!(s.contains(&format!("ok {check}")), "{both}");
+    }
+}
+
+#[test]
 fn memory_kinds_access_flags_and_events_between_two_programs() {
     library();
     let exe = c_program("features");

@@ -392,6 +392,82 @@ fn rdma_write_read_send_atomics_between_namespaces() {
 }
 
 #[test]
+fn ud_datagrams_and_an_srq_from_the_cli() {
+    let _g = serial();
+    let mut lab = Lab::new(1500);
+    lab.up(0, &[]);
+    lab.up(1, &[]);
+    let (_, a_l, _) = lab.mr(0, 1 << 16, "all");
+    let (_, b_l, _) = lab.mr(1, 1 << 16, "all");
+    let srq = lab.ok(1, &["srq", "create", "--depth", "4"])["srq"].to_string();
+    let qa = lab.ok(0, &["qp", "create", "--type", "ud"]);
+    assert_eq!(qa["type"], "UD");
+    let qa = qa["qpn"].to_string();
+    let qb = lab.ok(1, &["qp", "create", "--type", "ud", "--srq", &srq])["qpn"].to_string();
+    let ah = lab.ok(0, &["ah", "create", "--remote-ip", &lab.addr[1]])["ah"].to_string();
+    let bk = b_l.to_string();
+    for (off, len) in [("0", "1064"), ("2000", "1064")] {
+        lab.ok(
+            1,
+            &[
+                "srq", "post", "--srq", &srq, "--key", &bk, "--offset", off, "--len", len,
+            ],
+        );
+    }
+    let data: Vec<u8> = (0..1024u32).map(|i| (i * 7 + 1) as u8).collect();
+    let send = |lab: &Lab, d: &[u8]| {
+        lab.ok(
+            0,
+            &[
+                "post",
+                "send",
+                "--qp",
+                &qa,
+                "--key",
+                &a_l.to_string(),
+                "--data",
+                &hex(d),
+                "--ah",
+                &ah,
+                "--remote-qpn",
+                &qb,
+            ],
+        )
+    };
+    assert_eq!(send(&lab, &data)["wc"]["status"], "success");
+    let w = lab.ok(1, &["cq", "poll", "--qp", &qb, "--wait-ms", "2000"]);
+    assert_eq!(w["wcs"][0]["status"], "success", "{w}");
+    assert_eq!(w["wcs"][0]["byte_len"], 40 + 1024);
+    assert_eq!(w["wcs"][0]["src_qp"].to_string(), qa);
+    assert_eq!(lab.mr_bytes(1, b_l, 40, 1024), data);
+    // The IPv4 header of the datagram in the GRH's last 20 bytes.
+    assert_eq!(lab.mr_bytes(1, b_l, 20, 1)[0], 0x45);
+    // Larger than the port MTU (1024 at a netdev MTU of 1500): completes,
+    // but no packet leaves (IBA C10-93.1.1).
+    assert_eq!(send(&lab, &[1u8; 1025])["wc"]["status"], "success");
+    let w = lab.ok(1, &["cq", "poll", "--qp", &qb, "--wait-ms", "300"]);
+    assert_eq!(w["wcs"].as_array().unwrap().len(), 0, "{w}");
+    // An SRQ in use cannot go; past its depth a post is refused.
+    let e = lab.rdma(1, &["srq", "destroy", &srq]).unwrap_err();
+    assert!(e.contains("still used by a QP"), "{e}");
+    for _ in 0..3 {
+        lab.ok(
+            1,
+            &["srq", "post", "--srq", &srq, "--key", &bk, "--len", "64"],
+        );
+    }
+    let e = lab
+        .rdma(
+            1,
+            &["srq", "post", "--srq", &srq, "--key", &bk, "--len", "64"],
+        )
+        .unwrap_err();
+    assert!(e.contains("full"), "{e}");
+    let q = lab.ok(0, &["qp", "list"]);
+    assert_eq!(q["qps"][0]["stats"]["oversize_sends"], 1, "{q}");
+}
+
+#[test]
 fn access_violations_fail_with_rem_access_err_and_touch_nothing() {
     let _g = serial();
     let mut lab = Lab::new(1500);

@@ -21,9 +21,6 @@ use crate::{guard, set_errno};
 pub const VENDOR_ID: u32 = 0xff_ffff;
 /// GID table length, as rxe's (`RXE_PORT_GID_TBL_LEN`).
 pub const GID_TBL_LEN: c_int = 1024;
-/// rxe's header allowance: the IB MTU is the largest that fits in the
-/// netdev MTU minus this (`RXE_MAX_HDR_LENGTH`).
-const MAX_HDR_LENGTH: u32 = 80;
 
 /// A device: rdma-core's struct first, so that the `*mut ibv_device` the
 /// program holds is a `*mut Device`.
@@ -320,12 +317,11 @@ pub unsafe extern "C" fn ibv_query_device(
 
 /// The IB MTU rxe gives a netdev MTU.
 pub fn active_mtu(netdev_mtu: u32) -> ibv_mtu {
-    let room = netdev_mtu.saturating_sub(MAX_HDR_LENGTH);
-    match room {
-        4096.. => IBV_MTU_4096,
-        2048.. => IBV_MTU_2048,
-        1024.. => IBV_MTU_1024,
-        512.. => IBV_MTU_512,
+    match rdma_user::io::hostnet::port_mtu(netdev_mtu) {
+        4096 => IBV_MTU_4096,
+        2048 => IBV_MTU_2048,
+        1024 => IBV_MTU_1024,
+        512 => IBV_MTU_512,
         _ => IBV_MTU_256,
     }
 }

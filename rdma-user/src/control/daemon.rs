@@ -23,12 +23,18 @@ use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 
 use crate::control::proto::{hex, unhex, Request, WcJson};
 use crate::device::datapath::{Connect, DataPath, Limits, Path};
+use crate::device::rings::SrqShared;
 use crate::device::runner::{clean_stale, data_path_loop, take_lock, Job};
 use crate::io::hostnet;
 use crate::io::xdp::{XdpMode, XdpProgram};
 use crate::io::xsk::{rx_queues, Xsk, XskConfig};
 use crate::memory::Access;
-use crate::transport::{QpCap, RecvWr, SendFlags, SendWr, Sge, Wc, WcOpcode, WrOpcode};
+use crate::transport::{
+    QpAttr, QpCap, QpState, QpType, RecvWr, SendFlags, SendWr, Sge, UdDest, Wc, WcOpcode, WrOpcode,
+};
+
+/// perftest's Q_Key, the default of a UD QP made here.
+const DEFAULT_QKEY: u32 = 0x1111_1111;
 
 #[derive(Debug, Clone)]
 pub struct UpOptions {
@@ -56,6 +62,9 @@ struct Ctl {
     mac: [u8; 6],
     /// Per QP: its CQ and completions read from it but not yet shown.
     qp_cq: Mutex<HashMap<u32, (u32, VecDeque<Wc>)>>,
+    /// SRQs by number (`srq create`), shared with the QPs attached.
+    srqs: Mutex<HashMap<u32, Arc<SrqShared>>>,
+    next_srq: std::sync::atomic::AtomicU32,
     next_wr_id: std::sync::atomic::AtomicU64,
     firewall: bool,
     stop: Arc<AtomicBool>,
@@ -142,6 +151,8 @@ pub fn run(opts: UpOptions) -> Result<()> {
         iface: iface.clone(),
         mac,
         qp_cq: Mutex::new(HashMap::new()),
+        srqs: Mutex::new(HashMap::new()),
+        next_srq: std::sync::atomic::AtomicU32::new(1),
         next_wr_id: std::sync::atomic::AtomicU64::new(1),
         firewall: opts.firewall,
         stop: stop.clone(),
@@ -392,19 +403,39 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
             })
             .await
         }
-        Request::QpCreate { depth } => {
+        Request::QpCreate { depth, qp_type, qkey, srq } => {
             let depth = depth.unwrap_or(256);
+            let qp_type = match qp_type.as_deref().unwrap_or("rc") {
+                "rc" => QpType::Rc,
+                "ud" => QpType::Ud,
+                t => bail!("unknown QP type '{t}' (rc or ud)"),
+            };
+            let srq = srq
+                .map(|n| {
+                    ctl.srqs.lock().map_err(|_| anyhow!("lock"))?.get(&n).cloned().ok_or_else(|| {
+                        anyhow!("no SRQ {n}; create one with `rdma-xdp srq create`")
+                    })
+                })
+                .transpose()?;
+            let port_mtu = hostnet::port_mtu(hostnet::iface_mtu(&ctl.iface));
             let (qpn, cq) = ctl
                 .run(move |dp| {
                     let cq = dp.core.create_cq(depth as usize * 2)?;
-                    let qpn = dp.core.create_qp(
-                        1,
-                        cq,
-                        QpCap {
-                            max_send_wr: depth,
-                            max_recv_wr: depth,
-                        },
-                    )?;
+                    let cap = QpCap {
+                        max_send_wr: depth,
+                        max_recv_wr: depth,
+                    };
+                    let qpn = dp.core.create_qp_typed(1, cq, cq, cap, qp_type, port_mtu)?;
+                    if let Some(s) = srq {
+                        dp.core.attach_srq(qpn, s)?;
+                    }
+                    if qp_type == QpType::Ud {
+                        // A UD QP needs no peer: straight to RTS.
+                        let psn = dp.core.random_psn();
+                        for a in ud_bring_up(qkey.unwrap_or(DEFAULT_QKEY), psn) {
+                            dp.core.modify_qp(qpn, &a)?;
+                        }
+                    }
                     Ok(json!([qpn, cq]))
                 })
                 .await
@@ -417,7 +448,69 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
                 let mut x = ctl.xdp.lock().map_err(|_| anyhow!("lock"))?;
                 x.set_live_qp(qpn, rdma_common::LiveQp::default())?;
             }
-            Ok(json!({"qpn": qpn}))
+            Ok(json!({"qpn": qpn, "type": qp_type.to_string()}))
+        }
+        Request::AhCreate { remote_ip, remote_mac } => {
+            let peer: IpAddr = remote_ip
+                .parse()
+                .map_err(|_| anyhow!("--remote-ip '{remote_ip}' is not an IP address"))?;
+            let path = resolve_path(ctl, peer, remote_mac).await?;
+            ctl.run(move |dp| {
+                let ah = dp.core.create_ah(1, path)?;
+                Ok(json!({"ah": ah, "peer_ip": peer.to_string(), "peer_mac": hostnet::fmt_mac(&path.peer_mac)}))
+            })
+            .await
+        }
+        Request::AhDestroy { ah } => {
+            ctl.run(move |dp| {
+                dp.core.destroy_ah(ah)?;
+                Ok(json!({"ah": ah}))
+            })
+            .await
+        }
+        Request::SrqCreate { depth, limit } => {
+            let n = ctl.next_srq.fetch_add(1, Ordering::Relaxed);
+            let srq = Arc::new(SrqShared::new(depth.unwrap_or(256).max(1), n as usize));
+            srq.set_limit(limit.unwrap_or(0));
+            ctl.srqs.lock().map_err(|_| anyhow!("lock"))?.insert(n, srq);
+            Ok(json!({"srq": n}))
+        }
+        Request::SrqPost { srq, key, offset, len } => {
+            let s = ctl
+                .srqs
+                .lock()
+                .map_err(|_| anyhow!("lock"))?
+                .get(&srq)
+                .cloned()
+                .ok_or_else(|| anyhow!("no SRQ {srq}; see `rdma-xdp srq create`"))?;
+            let key = parse_key(&key)?;
+            let wr_id = ctl.next_wr_id.fetch_add(1, Ordering::Relaxed);
+            ctl.run(move |dp| {
+                let (lkey, addr, mr_len) = find_mr(dp, key)?;
+                check_range(offset, len, mr_len)?;
+                let sg = [Sge {
+                    addr: addr + offset,
+                    length: len as u32,
+                    lkey,
+                }];
+                s.post(&RecvWr {
+                    wr_id,
+                    sg_list: &sg,
+                })
+                .map_err(|e| anyhow!("SRQ {srq}: {e} (its depth is fixed at creation)"))?;
+                Ok(json!({"wr_id": wr_id, "queued": s.len()}))
+            })
+            .await
+        }
+        Request::SrqDestroy { srq } => {
+            let mut m = ctl.srqs.lock().map_err(|_| anyhow!("lock"))?;
+            let s = m.get(&srq).ok_or_else(|| anyhow!("no SRQ {srq}"))?;
+            // One reference here; more are QPs attached to it (rdma-core: EBUSY).
+            if Arc::strong_count(s) > 1 {
+                bail!("SRQ {srq} is still used by a QP; destroy its QPs first");
+            }
+            m.remove(&srq);
+            Ok(json!({"srq": srq}))
         }
         Request::QpDestroy { qpn } => {
             ctl.run(move |dp| {
@@ -443,23 +536,7 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
             let peer: IpAddr = remote_ip
                 .parse()
                 .map_err(|_| anyhow!("--remote-ip '{remote_ip}' is not an IP address"))?;
-            let peer_mac = match remote_mac {
-                Some(m) => hostnet::parse_mac(&m)?,
-                None => {
-                    let iface = ctl.iface.clone();
-                    tokio::task::spawn_blocking(move || {
-                        hostnet::resolve_mac(&iface, peer, Duration::from_secs(3))
-                    })
-                    .await??
-                }
-            };
-            let path = Path {
-                local_mac: ctl.mac,
-                peer_mac,
-                local_ip: hostnet::local_addr_for(&ctl.iface, peer)?,
-                peer_ip: peer,
-                vlan: None,
-            };
+            let path = resolve_path(ctl, peer, remote_mac).await?;
             let v = connect_local(ctl, qpn, path, remote_qpn, remote_psn, psn, mtu.unwrap_or(1024)).await?;
             Ok(v)
         }
@@ -477,7 +554,8 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
                         let s = qp.stats();
                         let path = dp.core.qp_path(q);
                         Some(json!({
-                            "qpn": q, "state": qp.state().to_string(), "dest_qpn": qp.dest_qpn(),
+                            "qpn": q, "type": qp.qp_type().to_string(), "qkey": qp.qkey(),
+                            "state": qp.state().to_string(), "dest_qpn": qp.dest_qpn(),
                             "sq_psn": qp.sq_psn(), "rq_psn": qp.rq_psn(), "mtu": qp.path_mtu(),
                             "peer": path.map(|p| p.peer_ip.to_string()),
                             "sq": qp.send_queue_len(), "rq": qp.recv_queue_len(),
@@ -488,7 +566,9 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
                                 "out_of_sequence": s.out_of_sequence_received,
                                 "errors": s.errors, "dropped": s.dropped,
                                 "bad_pkey": s.bad_pkey, "wrong_transport": s.wrong_transport,
-                                "reserved_opcodes": s.reserved_opcodes
+                                "reserved_opcodes": s.reserved_opcodes,
+                                "bad_qkey": s.bad_qkey, "no_recv_wqe": s.no_recv_wqe,
+                                "oversize_sends": s.oversize_sends
                             }
                         }))
                     })
@@ -503,6 +583,50 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
             Ok(json!({"wcs": wcs}))
         }
     }
+}
+
+/// The path to `peer`: its MAC as given, or from the neighbour table
+/// (resolved if missing, an error after 3 s).
+async fn resolve_path(ctl: &Arc<Ctl>, peer: IpAddr, remote_mac: Option<String>) -> Result<Path> {
+    let peer_mac = match remote_mac {
+        Some(m) => hostnet::parse_mac(&m)?,
+        None => {
+            let iface = ctl.iface.clone();
+            tokio::task::spawn_blocking(move || {
+                hostnet::resolve_mac(&iface, peer, Duration::from_secs(3))
+            })
+            .await??
+        }
+    };
+    Ok(Path {
+        local_mac: ctl.mac,
+        peer_mac,
+        local_ip: hostnet::local_addr_for(&ctl.iface, peer)?,
+        peer_ip: peer,
+        vlan: None,
+    })
+}
+
+/// RESET -> INIT (Q_Key) -> RTR -> RTS (SQ PSN) of a UD QP.
+fn ud_bring_up(qkey: u32, sq_psn: u32) -> [QpAttr; 3] {
+    [
+        QpAttr {
+            qp_state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port_num: Some(1),
+            qkey: Some(qkey),
+            ..Default::default()
+        },
+        QpAttr {
+            qp_state: Some(QpState::Rtr),
+            ..Default::default()
+        },
+        QpAttr {
+            qp_state: Some(QpState::Rts),
+            sq_psn: Some(sq_psn),
+            ..Default::default()
+        },
+    ]
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -724,6 +848,18 @@ async fn post(ctl: &Arc<Ctl>, p: crate::control::proto::Post) -> Result<Value> {
                 p.compare.unwrap_or(0)
             };
             wr.swap = p.swap.unwrap_or(0);
+            if let Some(ah) = p.ah {
+                let remote_qpn = p
+                    .remote_qpn
+                    .ok_or_else(|| anyhow!("a UD send needs --remote-qpn with --ah"))?;
+                // The high bit: the sending QP's own Q_Key (IBA 10.2.5).
+                let remote_qkey = p.remote_qkey.unwrap_or(0x8000_0000);
+                wr.ud = Some(UdDest {
+                    ah,
+                    remote_qpn,
+                    remote_qkey,
+                });
+            }
             dp.core.post_send(qpn, &wr)?;
             dp.core.collect_wcs(qpn);
             Ok(json!({"wr_id": wr_id, "lkey": lkey, "addr": addr + p.offset}))

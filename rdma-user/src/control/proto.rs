@@ -33,6 +33,35 @@ pub enum Request {
     },
     QpCreate {
         depth: Option<u32>,
+        /// "rc" (the default) or "ud".
+        qp_type: Option<String>,
+        /// UD: the QP's Q_Key (default 0x11111111, perftest's).
+        qkey: Option<u32>,
+        /// Receive WRs come from this SRQ.
+        srq: Option<u32>,
+    },
+    /// An address handle for UD sends to `remote_ip`.
+    AhCreate {
+        remote_ip: String,
+        remote_mac: Option<String>,
+    },
+    AhDestroy {
+        ah: u32,
+    },
+    SrqCreate {
+        depth: Option<u32>,
+        /// Raise the limit event below this many WRs (0: never).
+        limit: Option<u32>,
+    },
+    /// A receive buffer for the SRQ: `len` bytes at `offset` of MR `key`.
+    SrqPost {
+        srq: u32,
+        key: String,
+        offset: u64,
+        len: u64,
+    },
+    SrqDestroy {
+        srq: u32,
     },
     QpDestroy {
         qpn: u32,
@@ -83,6 +112,11 @@ pub struct Post {
     pub timeout_ms: Option<u64>,
     #[serde(default)]
     pub no_wait: bool,
+    /// UD sends: the address handle, destination QP and its Q_Key
+    /// (default: the sending QP's own).
+    pub ah: Option<u32>,
+    pub remote_qpn: Option<u32>,
+    pub remote_qkey: Option<u32>,
 }
 
 /// A work completion as the CLI shows it.
@@ -94,6 +128,9 @@ pub struct WcJson {
     pub byte_len: u32,
     pub imm: Option<u32>,
     pub qp_num: u32,
+    /// UD receives: the sender's QPN; the buffer starts with a 40-byte GRH.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub src_qp: Option<u32>,
 }
 
 impl From<&Wc> for WcJson {
@@ -105,6 +142,7 @@ impl From<&Wc> for WcJson {
             byte_len: w.byte_len,
             imm: w.imm,
             qp_num: w.qp_num,
+            src_qp: w.grh.then_some(w.src_qp),
         }
     }
 }
@@ -123,8 +161,8 @@ impl WcJson {
             imm: self.imm,
             qp_num: self.qp_num,
             solicited: false,
-            src_qp: 0,
-            grh: false,
+            src_qp: self.src_qp.unwrap_or(0),
+            grh: self.src_qp.is_some(),
         })
     }
 }

@@ -27,6 +27,28 @@ pub fn fmt_mac(m: &[u8; 6]) -> String {
         .join(":")
 }
 
+/// rxe's header allowance: the IB MTU is the largest that fits in the
+/// netdev MTU minus this (`RXE_MAX_HDR_LENGTH`).
+const MAX_HDR_LENGTH: u32 = 80;
+
+/// The port MTU in bytes (256..=4096) rxe gives a netdev MTU: the
+/// largest UD datagram, the `active_mtu` of `ibv_query_port`.
+pub fn port_mtu(netdev_mtu: u32) -> u32 {
+    let room = netdev_mtu.saturating_sub(MAX_HDR_LENGTH);
+    [4096, 2048, 1024, 512]
+        .into_iter()
+        .find(|&m| room >= m)
+        .unwrap_or(256)
+}
+
+/// The interface's MTU (1500 if it cannot be read).
+pub fn iface_mtu(iface: &str) -> u32 {
+    std::fs::read_to_string(format!("/sys/class/net/{iface}/mtu"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(1500)
+}
+
 pub fn iface_mac(iface: &str) -> Result<[u8; 6]> {
     let p = format!("/sys/class/net/{iface}/address");
     let s = std::fs::read_to_string(&p)

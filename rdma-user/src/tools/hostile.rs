@@ -237,3 +237,102 @@ impl Generator {
         n
     }
 }
+
+/// Hostile datagrams for a UD QP: each fails one UD receive check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UdClass {
+    /// The right QPN, a Q_Key other than the QP's (IBA 10.2.5).
+    WrongQkey,
+    /// A UD SEND to a QPN the host does not have.
+    UnknownQpn,
+    /// More than the posted receive buffer holds after its 40-byte GRH.
+    TooLarge,
+    /// An RC opcode aimed at the UD QP.
+    RcOpcode,
+    /// A BTH P_Key other than the QP's.
+    BadPkey,
+}
+
+pub const UD_CLASSES: [UdClass; 5] = [
+    UdClass::WrongQkey,
+    UdClass::UnknownQpn,
+    UdClass::TooLarge,
+    UdClass::RcOpcode,
+    UdClass::BadPkey,
+];
+
+/// A UD victim, as any sender on the network sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct UdTarget {
+    /// Headers from the attacker to the victim's host.
+    pub net: RoceRepr,
+    pub qpn: u32,
+    pub qkey: u32,
+    pub unknown_qpn: u32,
+    /// Bytes of the victim's posted receive buffers (GRH included).
+    pub recv_len: u32,
+    /// The port MTU (TooLarge stays within it when the buffer is smaller).
+    pub mtu: u32,
+}
+
+pub struct UdGenerator {
+    t: UdTarget,
+    rng: Rng,
+    payload: Vec<u8>,
+}
+
+impl UdGenerator {
+    pub fn new(t: UdTarget, seed: u64) -> UdGenerator {
+        let mut rng = Rng(seed);
+        let mut payload = vec![0u8; 4096];
+        rng.fill(&mut payload);
+        UdGenerator { t, rng, payload }
+    }
+
+    /// A random class and its frame in `buf`.
+    pub fn next(&mut self, buf: &mut [u8]) -> (UdClass, usize) {
+        let c = UD_CLASSES[self.rng.below(UD_CLASSES.len() as u64) as usize];
+        (c, self.frame(c, buf))
+    }
+
+    /// One frame of class `c`; returns its length.
+    pub fn frame(&mut self, c: UdClass, buf: &mut [u8]) -> usize {
+        let t = self.t;
+        let rnd = self.rng.next_u64();
+        let mut r = t.net;
+        r.transport = TransportRepr::default();
+        let b = &mut r.transport.bth;
+        b.opcode = opcode::UD_SEND_ONLY;
+        b.dest_qpn = t.qpn;
+        b.psn = (rnd >> 40) as u32 & MASK_24;
+        b.pkey = 0xffff;
+        let mut deth = DethRepr {
+            qkey: t.qkey,
+            src_qpn: 0x11 + (rnd >> 8) as u32 % 0x1000,
+        };
+        // Fits the receive buffer after the GRH.
+        let mut len = 1 + (rnd >> 16) as usize % (t.recv_len as usize - 40).min(64);
+        match c {
+            UdClass::WrongQkey => deth.qkey ^= 1 + (rnd >> 32) as u32 % 0xffff_fffe,
+            UdClass::UnknownQpn => b.dest_qpn = t.unknown_qpn,
+            UdClass::TooLarge => {
+                let room = t.recv_len as usize - 40;
+                len = (room + 1 + (rnd >> 24) as usize % 64).min(t.mtu as usize);
+            }
+            UdClass::RcOpcode => {
+                b.opcode = opcode::RC_SEND_ONLY;
+                b.ack_req = true;
+            }
+            UdClass::BadPkey => {
+                const PKEYS: [u16; 3] = [0x8001, 0x0000, 0x7ffe];
+                b.pkey = PKEYS[(rnd >> 8) as usize % PKEYS.len()];
+            }
+        }
+        if rdma_common::opcode_flags(r.transport.bth.opcode).has(OpFlags::DETH) {
+            r.transport.deth = Some(deth);
+        }
+        r.emit(&self.payload[..len], buf)
+            .expect("buffer large enough")
+    }
+}

@@ -96,10 +96,20 @@ pub enum MrCmd {
 }
 #[derive(Subcommand)]
 pub enum QpCmd {
-    /// Create an RC QP (and its CQ).
+    /// Create a QP (and its CQ). An RC QP is then connected; a UD QP is
+    /// ready at once (RTS) and sends to address handles (`ah create`).
     Create {
         #[arg(long)]
         depth: Option<u32>,
+        /// rc or ud.
+        #[arg(long = "type", default_value = "rc")]
+        qp_type: String,
+        /// UD: the QP's Q_Key (default 0x11111111).
+        #[arg(long)]
+        qkey: Option<String>,
+        /// Take receive buffers from this SRQ (`srq create`).
+        #[arg(long)]
+        srq: Option<u32>,
     },
     /// Connect a QP: through the peer's daemon (--peer), or with known values.
     Connect {
@@ -124,6 +134,45 @@ pub enum QpCmd {
     List,
     Destroy {
         qpn: String,
+    },
+}
+#[derive(Subcommand)]
+pub enum AhCmd {
+    /// An address handle to a peer (its MAC from the neighbour table unless
+    /// given).
+    Create {
+        #[arg(long)]
+        remote_ip: String,
+        #[arg(long)]
+        remote_mac: Option<String>,
+    },
+    Destroy {
+        ah: u32,
+    },
+}
+#[derive(Subcommand)]
+pub enum SrqCmd {
+    /// A shared receive queue of `depth` WRs.
+    Create {
+        #[arg(long, default_value_t = 256)]
+        depth: u32,
+        /// Raise the SRQ limit event below this many WRs.
+        #[arg(long)]
+        limit: Option<u32>,
+    },
+    /// Post a receive buffer: `len` bytes at `offset` of a memory region.
+    Post {
+        #[arg(long)]
+        srq: u32,
+        #[arg(long)]
+        key: String,
+        #[arg(long, default_value_t = 0)]
+        offset: u64,
+        #[arg(long)]
+        len: u64,
+    },
+    Destroy {
+        srq: u32,
     },
 }
 #[derive(Args)]
@@ -156,6 +205,15 @@ pub struct PostArgs {
     pub add: Option<String>,
     #[arg(long, default_value_t = 5000)]
     pub timeout_ms: u64,
+    /// UD send: the address handle (`ah create`).
+    #[arg(long)]
+    pub ah: Option<u32>,
+    /// UD send: the destination QP.
+    #[arg(long)]
+    pub remote_qpn: Option<String>,
+    /// UD send: the destination's Q_Key (default: our QP's).
+    #[arg(long)]
+    pub remote_qkey: Option<String>,
 }
 #[derive(Subcommand)]
 pub enum CqCmd {
@@ -290,7 +348,17 @@ pub fn mr(m: MrCmd, g: &Global) -> Result<()> {
 pub fn qp(q: QpCmd, g: &Global) -> Result<()> {
     let json = g.json;
     let req = match q {
-        QpCmd::Create { depth } => Request::QpCreate { depth },
+        QpCmd::Create {
+            depth,
+            qp_type,
+            qkey,
+            srq,
+        } => Request::QpCreate {
+            depth,
+            qp_type: Some(qp_type),
+            qkey: qkey.as_deref().map(num).transpose()?.map(|k| k as u32),
+            srq,
+        },
         QpCmd::List => Request::QpList,
         QpCmd::Destroy { qpn } => Request::QpDestroy {
             qpn: num(&qpn)? as u32,
@@ -337,18 +405,21 @@ pub fn qp(q: QpCmd, g: &Global) -> Result<()> {
         return Ok(());
     }
     match &req {
-        Request::QpCreate { .. } => {
-            println!("qpn 0x{:06x}", v["qpn"].as_u64().unwrap_or(0))
-        }
+        Request::QpCreate { .. } => println!(
+            "qpn 0x{:06x} ({})",
+            v["qpn"].as_u64().unwrap_or(0),
+            v["type"].as_str().unwrap_or("")
+        ),
         Request::QpList => {
             println!(
-                "{:<8} {:<5} {:<8} {:<8} {:<8} {:>5} {:<16} counters",
-                "qpn", "state", "dest", "sq_psn", "rq_psn", "mtu", "peer"
+                "{:<8} {:<4} {:<5} {:<8} {:<8} {:<8} {:>5} {:<16} counters",
+                "qpn", "type", "state", "dest", "sq_psn", "rq_psn", "mtu", "peer"
             );
             for q in v["qps"].as_array().into_iter().flatten() {
                 println!(
-                    "0x{:06x} {:<5} 0x{:06x} 0x{:06x} 0x{:06x} {:>5} {:<16} {}",
+                    "0x{:06x} {:<4} {:<5} 0x{:06x} 0x{:06x} 0x{:06x} {:>5} {:<16} {}",
                     q["qpn"].as_u64().unwrap_or(0),
+                    q["type"].as_str().unwrap_or(""),
                     q["state"].as_str().unwrap_or(""),
                     q["dest_qpn"].as_u64().unwrap_or(0),
                     q["sq_psn"].as_u64().unwrap_or(0),
@@ -389,6 +460,19 @@ pub fn post(p: PostArgs, g: &Global) -> Result<()> {
         add: p.add.as_deref().map(num).transpose()?,
         timeout_ms: Some(p.timeout_ms),
         no_wait: false,
+        ah: p.ah,
+        remote_qpn: p
+            .remote_qpn
+            .as_deref()
+            .map(num)
+            .transpose()?
+            .map(|v| v as u32),
+        remote_qkey: p
+            .remote_qkey
+            .as_deref()
+            .map(num)
+            .transpose()?
+            .map(|v| v as u32),
     });
     let v = call(&g.iface, &req)?;
     if json {
@@ -416,6 +500,68 @@ pub fn post(p: PostArgs, g: &Global) -> Result<()> {
     Ok(())
 }
 
+pub fn ah(cmd: AhCmd, g: &Global) -> Result<()> {
+    let req = match cmd {
+        AhCmd::Create {
+            remote_ip,
+            remote_mac,
+        } => Request::AhCreate {
+            remote_ip,
+            remote_mac,
+        },
+        AhCmd::Destroy { ah } => Request::AhDestroy { ah },
+    };
+    let v = call(&g.iface, &req)?;
+    if g.json {
+        println!("{v}");
+    } else if let Request::AhCreate { .. } = req {
+        println!(
+            "ah {} to {} ({})",
+            v["ah"],
+            v["peer_ip"].as_str().unwrap_or("?"),
+            v["peer_mac"].as_str().unwrap_or("?")
+        );
+    } else {
+        println!("destroyed ah {}", v["ah"]);
+    }
+    Ok(())
+}
+
+pub fn srq(cmd: SrqCmd, g: &Global) -> Result<()> {
+    let req = match cmd {
+        SrqCmd::Create { depth, limit } => Request::SrqCreate {
+            depth: Some(depth),
+            limit,
+        },
+        SrqCmd::Post {
+            srq,
+            key,
+            offset,
+            len,
+        } => Request::SrqPost {
+            srq,
+            key,
+            offset,
+            len,
+        },
+        SrqCmd::Destroy { srq } => Request::SrqDestroy { srq },
+    };
+    let v = call(&g.iface, &req)?;
+    if g.json {
+        println!("{v}");
+        return Ok(());
+    }
+    match req {
+        Request::SrqCreate { .. } => println!("srq {}", v["srq"]),
+        Request::SrqPost { srq, .. } => println!(
+            "posted wr_id {} to srq {srq} ({} queued)",
+            v["wr_id"], v["queued"]
+        ),
+        _ => println!("destroyed srq {}", v["srq"]),
+    }
+    Ok(())
+}
+
 pub fn cq(cmd: CqCmd, g: &Global) -> Result<()> {
     let json = g.json;
     let CqCmd::Poll { qp, max, wait_ms } = cmd;
@@ -432,7 +578,7 @@ pub fn cq(cmd: CqCmd, g: &Global) -> Result<()> {
     } else {
         for wc in v["wcs"].as_array().into_iter().flatten() {
             println!(
-                "wr_id {} {} {} byte_len {}{}",
+                "wr_id {} {} {} byte_len {}{}{}",
                 wc["wr_id"],
                 wc["opcode"].as_str().unwrap_or(""),
                 wc["status"].as_str().unwrap_or(""),
@@ -440,6 +586,10 @@ pub fn cq(cmd: CqCmd, g: &Global) -> Result<()> {
                 wc["imm"]
                     .as_u64()
                     .map(|i| format!(" imm 0x{i:x}"))
+                    .unwrap_or_default(),
+                wc["src_qp"]
+                    .as_u64()
+                    .map(|q| format!(" src_qp 0x{q:06x} (40-byte GRH first)"))
                     .unwrap_or_default()
             );
         }

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use anyhow::{anyhow, bail, Result};
 use clap::{Parser, Subcommand};
 
-use control::{CqCmd, MrCmd, PostArgs, QpCmd, UpArgs};
+use control::{AhCmd, CqCmd, MrCmd, PostArgs, QpCmd, SrqCmd, UpArgs};
 use decode::DecodeArgs;
 use testing::{HostileArgs, InjectArgs, VerbsDemoArgs, XskRecvArgs};
 use tools::{BaselineArgs, BenchArgs, PingpongArgs, RelayArgs, SoakArgs};
@@ -52,6 +52,12 @@ enum Cmd {
     /// Queue pairs.
     #[command(subcommand)]
     Qp(QpCmd),
+    /// Address handles: where UD sends go.
+    #[command(subcommand)]
+    Ah(AhCmd),
+    /// Shared receive queues.
+    #[command(subcommand)]
+    Srq(SrqCmd),
     /// Post a work request and wait for its completion.
     Post(PostArgs),
     /// Completions of a QP (receives, and any not yet shown).
@@ -164,6 +170,8 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Stats => control::stats(&g),
         Cmd::Mr(m) => control::mr(m, &g),
         Cmd::Qp(q) => control::qp(q, &g),
+        Cmd::Ah(a) => control::ah(a, &g),
+        Cmd::Srq(q) => control::srq(q, &g),
         Cmd::Post(p) => control::post(p, &g),
         Cmd::Cq(c) => control::cq(c, &g),
         Cmd::Decode(d) => decode::decode(&d.file),
