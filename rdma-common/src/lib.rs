@@ -341,6 +341,9 @@ pub mod opcode {
 
     /// RoCEv2 Congestion Notification Packet.
     pub const CNP: u8 = 0x81;
+    /// The CNP opcode some implementations send instead, without the 16
+    /// reserved bytes (accepted on receive, never sent).
+    pub const CNP_LEGACY: u8 = 0x80;
 }
 
 /// What an opcode implies, as bit flags: which extension headers follow the
@@ -544,6 +547,7 @@ const fn opcode_def(opc: u8) -> (&'static str, OpFlags) {
             f(&[SND, F::ONLY, F::DETH, F::IMM]),
         ),
         opcode::CNP => ("CNP", f(&[F::CNP, F::ONLY, F::CNP_RESERVED])),
+        opcode::CNP_LEGACY => ("CNP_LEGACY", f(&[F::CNP, F::ONLY])),
         _ => ("UNKNOWN", F::UNKNOWN),
     }
 }
@@ -780,8 +784,8 @@ mod tests {
                 assert_ne!(opcode_name(o), "UNKNOWN", "{o:#x}");
             }
         }
-        // 23 RC (0x00-0x14, 0x16, 0x17) + 12 UC + 2 UD + CNP; 9 RC holes
-        assert_eq!(known, 23 + 12 + 2 + 1);
+        // 23 RC (0x00-0x14, 0x16, 0x17) + 12 UC + 2 UD + 2 CNP; 9 RC holes
+        assert_eq!(known, 23 + 12 + 2 + 2);
         assert_eq!(reserved, 9);
     }
 }

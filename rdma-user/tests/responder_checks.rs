@@ -485,13 +485,19 @@ fn opcodes_of_other_transports_are_dropped_silently() {
         ("UC SEND_ONLY", opcode::UC_SEND_ONLY),
         ("UC RDMA_WRITE_ONLY", opcode::UC_RDMA_WRITE_ONLY),
         ("UD SEND_ONLY", opcode::UD_SEND_ONLY),
-        ("CNP", opcode::CNP),
     ] {
         let mut b = Bench::new(1024, 0x100, 0x10);
         let (va, rkey) = (b.va(0), b.mr_rkey());
         let before = b.n.mr().to_vec();
         b.req(opc, 0x10, true, reth(va, rkey, 4), b"evil");
         assert_dropped(&mut b, name, &before, |s| s.wrong_transport);
+    }
+    // A CNP goes to the reaction point (DCQCN), never to PSN or ACK state.
+    for (name, opc) in [("CNP", opcode::CNP), ("CNP 0x80", opcode::CNP_LEGACY)] {
+        let mut b = Bench::new(1024, 0x100, 0x10);
+        let before = b.n.mr().to_vec();
+        b.req(opc, 0x10, true, none, b"");
+        assert_dropped(&mut b, name, &before, |s| s.rp_cnp_handled);
     }
 }
 

@@ -200,11 +200,19 @@ fn data_path(c: &'static Context) -> Result<verbs::Context, c_int> {
     // (RDMA_XDP_BOOST=0: never): it must preempt a program spinning on
     // memory on its core to place a WRITE, as rxe's softirq does.
     let boost = std::env::var("RDMA_XDP_BOOST").map_or(true, |v| v != "0");
+    // RDMA_XDP_ECN=0: data packets Not-ECT; RDMA_XDP_DCQCN=0: CNPs are
+    // counted and ignored, nothing is paced.
+    let mut cc = rdma_user::device::datapath::CcConfig {
+        ecn: std::env::var("RDMA_XDP_ECN").map_or(true, |v| v != "0"),
+        ..Default::default()
+    };
+    cc.params.enabled = std::env::var("RDMA_XDP_DCQCN").map_or(true, |v| v != "0");
     let opts = verbs::ContextOptions {
         polling,
         cpu,
         boost,
         events: Some(c.events.clone()),
+        cc,
     };
     match verbs::Context::open(c.netdev(), opts) {
         Ok(d) => {

@@ -52,6 +52,8 @@ pub struct UpOptions {
     pub cm_port: u16,
     pub limits: Limits,
     pub firewall: bool,
+    /// ECN and DCQCN.
+    pub cc: crate::device::datapath::CcConfig,
 }
 
 /// Control-plane state shared by the connection handlers.
@@ -135,7 +137,11 @@ pub fn run(opts: UpOptions) -> Result<()> {
         }
     );
     let mac = hostnet::iface_mac(&iface)?;
-    let dp = DataPath::new(xsks, opts.limits);
+    let mut dp = DataPath::new(xsks, opts.limits);
+    dp.core.cc = opts.cc;
+    if let Some(s) = hostnet::iface_speed(&iface) {
+        dp.core.cc.params.line_rate = s;
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let (jtx, jrx) = mpsc::channel::<Job>();
     let dp_thread = {
@@ -568,7 +574,14 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
                                 "bad_pkey": s.bad_pkey, "wrong_transport": s.wrong_transport,
                                 "reserved_opcodes": s.reserved_opcodes,
                                 "bad_qkey": s.bad_qkey, "no_recv_wqe": s.no_recv_wqe,
-                                "oversize_sends": s.oversize_sends
+                                "oversize_sends": s.oversize_sends,
+                                "np_ecn_marked_roce_packets": s.np_ecn_marked_roce_packets,
+                                "np_cnp_sent": s.np_cnp_sent, "rp_cnp_handled": s.rp_cnp_handled,
+                                "rp_cnp_ignored": s.rp_cnp_ignored
+                            },
+                            "dcqcn": {
+                                "rate_mbps": qp.cc().rc, "target_mbps": qp.cc().rt,
+                                "alpha": qp.cc().alpha, "limiting": qp.cc().limiting()
                             }
                         }))
                     })

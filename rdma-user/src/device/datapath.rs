@@ -286,6 +286,57 @@ impl Default for Limits {
     }
 }
 
+/// Congestion control of a device: ECN on the wire and DCQCN per QP.
+#[derive(Debug, Clone, Copy)]
+pub struct CcConfig {
+    /// Data packets go out ECT(0) (CNPs never do).
+    pub ecn: bool,
+    /// The DSCP of the CNPs we send (mlx5's default, 48).
+    pub cnp_dscp: u8,
+    /// Every new QP's DCQCN tunables (`params.enabled`: the reaction point).
+    pub params: crate::transport::dcqcn::CcParams,
+}
+
+impl Default for CcConfig {
+    fn default() -> Self {
+        CcConfig {
+            ecn: true,
+            cnp_dscp: 48,
+            params: Default::default(),
+        }
+    }
+}
+
+/// ECT(0) in the ECN field of a header template, or not.
+fn set_ecn(net: &mut RoceRepr, ect: bool) {
+    let e = if ect { 0b10 } else { 0 };
+    match &mut net.ip {
+        IpRepr::V4(ip) => ip.tos = (ip.tos & !3) | e,
+        IpRepr::V6(ip) => ip.traffic_class = (ip.traffic_class & !3) | e,
+    }
+}
+
+/// Whether a received frame's IP header carries CE (ECN 0b11).
+fn is_ce(ip: &IpRepr) -> bool {
+    match ip {
+        IpRepr::V4(ip) => ip.tos & 3 == 3,
+        IpRepr::V6(ip) => ip.traffic_class & 3 == 3,
+    }
+}
+
+/// Emits a CNP's network headers: the CNP DSCP, Not-ECT; the template's
+/// own TOS is restored after.
+fn emit_cnp(net: &mut RoceRepr, dscp: u8, buf: &mut [u8], tl: usize) -> Result<usize, WireError> {
+    let saved = net.ip;
+    match &mut net.ip {
+        IpRepr::V4(ip) => ip.tos = dscp << 2,
+        IpRepr::V6(ip) => ip.traffic_class = dscp << 2,
+    }
+    let r = net.emit_net_and_icrc(buf, tl);
+    net.ip = saved;
+    r
+}
+
 /// An address handle: where UD sends to it go.
 struct AhSlot {
     pd: u32,
@@ -315,6 +366,8 @@ pub struct Core {
     pub doorbell: Option<Arc<Doorbell>>,
     /// Where the device's asynchronous events go (a verbs context's).
     pub async_events: Option<Arc<AsyncShared>>,
+    /// ECN and DCQCN: set before QPs and AHs are made.
+    pub cc: CcConfig,
 }
 
 pub struct DataPath {
@@ -357,6 +410,7 @@ impl Core {
             qp_order: Vec::new(),
             doorbell: None,
             async_events: None,
+            cc: CcConfig::default(),
         }
     }
 
@@ -493,7 +547,11 @@ impl Core {
         self.qps.insert(
             qpn,
             QpSlot {
-                qp: QpEngine::with_type(qpn, pd, cap, qp_type, port_mtu),
+                qp: {
+                    let mut q = QpEngine::with_type(qpn, pd, cap, qp_type, port_mtu);
+                    q.set_cc(self.cc.params);
+                    q
+                },
                 cq,
                 recv_cq,
                 net: None,
@@ -532,7 +590,8 @@ impl Core {
         }
         // The QPNs of the template do not matter: a UD packet's UDP source
         // port is its sending QP's, set per packet.
-        let net = path.template(0, 0)?;
+        let mut net = path.template(0, 0)?;
+        set_ecn(&mut net, self.cc.ecn);
         let mut ah = self.next_ah;
         while ah == 0 || self.ahs.contains_key(&ah) {
             ah = ah.wrapping_add(1);
@@ -656,7 +715,9 @@ impl Core {
     pub fn set_path(&mut self, qpn: u32, path: Path) -> Result<()> {
         let slot = self.qps.get_mut(&qpn).ok_or(DeviceError::NoQp(qpn))?;
         let rqpn = slot.qp.dest_qpn();
-        slot.net = Some(path.template(qpn, rqpn)?);
+        let mut net = path.template(qpn, rqpn)?;
+        set_ecn(&mut net, self.cc.ecn);
+        slot.net = Some(net);
         slot.path = Some(path);
         Ok(())
     }
@@ -687,7 +748,9 @@ impl Core {
             max_rd_atomic: Some(c.max_rd_atomic),
             ..Default::default()
         })?;
-        slot.net = Some(path.template(qpn, c.remote_qpn)?);
+        let mut net = path.template(qpn, c.remote_qpn)?;
+        set_ecn(&mut net, self.cc.ecn);
+        slot.net = Some(net);
         slot.path = Some(path);
         Ok(())
     }
@@ -742,6 +805,9 @@ impl Core {
             }
         }
         let payload = &frame[layout.payload.clone()];
+        if is_ce(&repr.ip) {
+            slot.qp.handle_ce(now, &repr.transport);
+        }
         if slot.qp.qp_type() == QpType::Ud {
             let grh = grh_of(&frame[layout.l3..]);
             slot.qp
@@ -886,7 +952,12 @@ impl Core {
                 // The buffer was checked to hold the headers, the largest
                 // segment and the ICRC, so emit cannot fail; if it ever did,
                 // the segment is lost (and retransmitted) and counted.
-                let len = match net.emit_net_and_icrc(buf, tx.len + ICRC_LEN) {
+                let emitted = if tx.cnp {
+                    emit_cnp(net, self.cc.cnp_dscp, buf, tx.len + ICRC_LEN)
+                } else {
+                    net.emit_net_and_icrc(buf, tx.len + ICRC_LEN)
+                };
+                let len = match emitted {
                     Ok(n) => n,
                     Err(_) => {
                         self.stats.tx_emit_errors += 1;
@@ -1055,7 +1126,21 @@ impl DataPath {
             .into_iter()
             .map(|(n, s)| serde_json::json!({"qpn": n, "stats": s}))
             .collect();
-        serde_json::json!({"datapath": self.core.stats, "xsk": xsk, "qps": qps})
+        // DCQCN's counters over all QPs, under mlx5's names.
+        let mut dp = serde_json::to_value(self.core.stats).unwrap_or_default();
+        let sum = |f: fn(&QpStats) -> u64| -> u64 {
+            self.core.qps.values().map(|s| f(&s.qp.stats())).sum()
+        };
+        if let Some(m) = dp.as_object_mut() {
+            m.insert(
+                "np_ecn_marked_roce_packets".into(),
+                sum(|s| s.np_ecn_marked_roce_packets).into(),
+            );
+            m.insert("np_cnp_sent".into(), sum(|s| s.np_cnp_sent).into());
+            m.insert("rp_cnp_handled".into(), sum(|s| s.rp_cnp_handled).into());
+            m.insert("rp_cnp_ignored".into(), sum(|s| s.rp_cnp_ignored).into());
+        }
+        serde_json::json!({"datapath": dp, "xsk": xsk, "qps": qps})
     }
 
     /// One turn of the loop: receive, timers, transmit. Returns whether any

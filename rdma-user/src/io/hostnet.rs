@@ -41,6 +41,14 @@ pub fn port_mtu(netdev_mtu: u32) -> u32 {
         .unwrap_or(256)
 }
 
+/// The interface's link speed in Mbit/s (a veth says 10000), if it has one.
+pub fn iface_speed(iface: &str) -> Option<f64> {
+    std::fs::read_to_string(format!("/sys/class/net/{iface}/speed"))
+        .ok()
+        .and_then(|s| s.trim().parse::<f64>().ok())
+        .filter(|&s| s > 0.0)
+}
+
 /// The interface's MTU (1500 if it cannot be read).
 pub fn iface_mtu(iface: &str) -> u32 {
     std::fs::read_to_string(format!("/sys/class/net/{iface}/mtu"))

@@ -81,13 +81,16 @@ impl QpEngine {
 
     /// Earliest time at which [`QpEngine::handle_timeout`] has work to do.
     pub fn poll_timeout(&self) -> Option<Nanos> {
-        match (self.comp.rto_deadline, self.comp.rnr_until) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        // Pacing: only while something waits to go.
+        let pace = self.cc.deadline().filter(|_| self.has_tx_work());
+        [self.comp.rto_deadline, self.comp.rnr_until, pace]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     pub fn handle_timeout(&mut self, now: Nanos) {
+        self.cc.advance(now);
         if self.comp.rnr_until.is_some_and(|t| t <= now) {
             self.comp.rnr_until = None;
             self.arm_rto(now);

@@ -29,6 +29,7 @@
 //! sends and receives its datagrams (no ACKs, no retransmission).
 
 mod completer;
+pub mod dcqcn;
 mod qp;
 mod requester;
 mod responder;

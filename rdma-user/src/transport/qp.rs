@@ -273,6 +273,13 @@ pub struct QpStats {
     /// UD: sends longer than the path MTU, completed without a packet as
     /// IBA C10-93.1.1 and rxe do.
     pub oversize_sends: u64,
+    /// DCQCN, mlx5's names: CE-marked packets received, CNPs sent, CNPs
+    /// received and acted on, CNPs received and ignored (reaction point
+    /// off, or within the rate-reduce monitor period).
+    pub np_ecn_marked_roce_packets: u64,
+    pub np_cnp_sent: u64,
+    pub rp_cnp_handled: u64,
+    pub rp_cnp_ignored: u64,
 }
 
 /// One queue pair: its attributes and state machine here, and the state of
@@ -303,6 +310,9 @@ pub struct QpEngine {
     // Output.
     pub(super) completions: VecDeque<Wc>,
     pub(super) stats: QpStats,
+    // Congestion control (RC): notification and reaction point.
+    pub(super) np: dcqcn::Np,
+    pub(super) cc: dcqcn::Dcqcn,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -337,6 +347,8 @@ pub struct Transmit {
     pub len: usize,
     /// UD: the address handle it goes to (an RC QP's go to its path).
     pub ah: Option<u32>,
+    /// A CNP (the driver gives it the CNP DSCP and no ECT).
+    pub cnp: bool,
 }
 
 impl QpEngine {
@@ -375,6 +387,8 @@ impl QpEngine {
             resp: Responder::new(cap_recv),
             completions: VecDeque::with_capacity(cap_send + cap_recv),
             stats: QpStats::default(),
+            np: dcqcn::Np::default(),
+            cc: dcqcn::Dcqcn::new(dcqcn::CcParams::default()),
         }
     }
 
@@ -391,6 +405,31 @@ impl QpEngine {
 
     pub fn pd(&self) -> u32 {
         self.pd
+    }
+
+    /// DCQCN's tunables for this QP (its rate state starts over).
+    pub fn set_cc(&mut self, p: dcqcn::CcParams) {
+        self.cc = dcqcn::Dcqcn::new(p);
+    }
+
+    /// The reaction point's state (current and target rate, α).
+    pub fn cc(&self) -> &dcqcn::Dcqcn {
+        &self.cc
+    }
+
+    /// The notification point: the IP header of this packet for the QP
+    /// carried CE. A request or READ response makes a CNP due (RC only; at
+    /// most one per `np_min_time_between_cnps`).
+    pub fn handle_ce(&mut self, now: Nanos, t: &TransportRepr) {
+        let opc = t.bth.opcode;
+        let data = t.flags().has(OpFlags::REQUEST)
+            || (opcode::RC_RDMA_READ_RESPONSE_FIRST..=opcode::RC_RDMA_READ_RESPONSE_ONLY)
+                .contains(&opc);
+        if self.qp_type != QpType::Rc || opc >> 5 != 0 || !data {
+            return;
+        }
+        self.stats.np_ecn_marked_roce_packets += 1;
+        self.np.on_ce(now, self.cc.p.np_min_time_between_cnps);
     }
 
     pub fn qp_type(&self) -> QpType {
@@ -645,7 +684,9 @@ impl QpEngine {
             max_send_wr: self.cap_send as u32,
             max_recv_wr: self.cap_recv as u32,
         };
+        let cc = self.cc.p;
         *self = QpEngine::with_type(qpn, pd, cap, self.qp_type, self.mtu);
+        self.cc = dcqcn::Dcqcn::new(cc);
     }
 
     /// Moves to ERR and flushes every outstanding work request.
@@ -711,14 +752,55 @@ impl QpEngine {
         if self.qp_type == QpType::Ud {
             let (len, ah) = self.poll_datagram(mem, buf)?;
             self.stats.tx_packets += 1;
-            return Some(Transmit { len, ah: Some(ah) });
+            return Some(Transmit {
+                len,
+                ah: Some(ah),
+                cnp: false,
+            });
+        }
+        if self.np.pending && !matches!(self.state, QpState::Reset | QpState::Init) {
+            // CNPs go first and are not paced; they touch no PSN or ACK
+            // state (Annex A17.9.3: BECN set, P_Key 0xffff, PSN 0).
+            self.np.pending = false;
+            let mut t = TransportRepr::new(BthRepr {
+                opcode: opcode::CNP,
+                pkey: 0xffff,
+                resv8a: 0x40,
+                dest_qpn: self.dest_qpn,
+                ..Default::default()
+            });
+            t.cnp_reserved = Some([0; 16]);
+            let len = Self::emit(&t, 0, buf);
+            self.stats.np_cnp_sent += 1;
+            self.stats.tx_packets += 1;
+            return Some(Transmit {
+                len,
+                ah: None,
+                cnp: true,
+            });
+        }
+        // DCQCN below line rate: the QP's packets are spaced at its rate.
+        if self.cc.blocked_until(now).is_some() {
+            return None;
         }
         let len = match self.poll_response(mem, buf) {
             Some(n) => n,
             None => self.poll_request(now, mem, buf)?,
         };
+        self.cc.sent(now, len);
         self.stats.tx_packets += 1;
-        Some(Transmit { len, ah: None })
+        Some(Transmit {
+            len,
+            ah: None,
+            cnp: false,
+        })
+    }
+
+    /// Something is waiting to be sent (for the pacing deadline).
+    pub(super) fn has_tx_work(&self) -> bool {
+        !self.resp.resp_q.is_empty()
+            || self.resp.pending_ack.is_some()
+            || self.req.cur < self.req.sq.len()
     }
 
     pub(super) fn bth(&self, opc: u8, psn: u32, ack_req: bool) -> BthRepr {
@@ -757,6 +839,15 @@ impl QpEngine {
             return;
         }
         self.stats.rx_packets += 1;
+        if matches!(t.bth.opcode, opcode::CNP | opcode::CNP_LEGACY) {
+            // The reaction point; never PSN or ACK state.
+            if self.cc.on_cnp(now) {
+                self.stats.rp_cnp_handled += 1;
+            } else {
+                self.stats.rp_cnp_ignored += 1;
+            }
+            return;
+        }
         let flags = t.flags();
         // Header checks every packet passes before a role sees it (IBA 9.6;
         // the table in `responder` lists them all). The transport: RC only,

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
-use crate::device::datapath::{Connect, DataPath, Path};
+use crate::device::datapath::{CcConfig, Connect, DataPath, Path};
 use crate::device::error::DeviceError;
 use crate::device::rings::{AsyncShared, CqShared, Doorbell, OwnedRecvWr, OwnedSendWr, QpRings};
 use crate::device::runner::shared_data_path_loop;
@@ -93,6 +93,9 @@ pub struct ContextOptions {
     pub boost: bool,
     /// Where asynchronous events go (QP fatal); none: dropped.
     pub events: Option<Arc<AsyncShared>>,
+    /// ECN and DCQCN (the line rate is the interface's speed when it has
+    /// one).
+    pub cc: CcConfig,
 }
 
 /// An open device: the data path thread and what keeps XDP attached.
@@ -151,6 +154,10 @@ impl Context {
         );
         dp.core.doorbell = Some(doorbell.clone());
         dp.core.async_events = opts.events.clone();
+        dp.core.cc = opts.cc;
+        if let Some(s) = crate::io::hostnet::iface_speed(iface) {
+            dp.core.cc.params.line_rate = s;
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let dp = Arc::new(Mutex::new(dp));
         let thread = {

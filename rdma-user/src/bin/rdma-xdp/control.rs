@@ -57,6 +57,15 @@ pub struct UpArgs {
     /// in XDP.
     #[arg(long)]
     pub firewall: bool,
+    /// Send data packets Not-ECT (default: ECT(0), as RoCE NICs do).
+    #[arg(long)]
+    pub no_ecn: bool,
+    /// Turn DCQCN's reaction point off: CNPs are counted and ignored.
+    #[arg(long)]
+    pub no_dcqcn: bool,
+    /// DSCP of the CNPs this host sends.
+    #[arg(long, default_value_t = 48)]
+    pub cnp_dscp: u8,
 }
 #[derive(Subcommand)]
 pub enum MrCmd {
@@ -249,6 +258,15 @@ pub fn up(a: UpArgs, g: &Global) -> Result<()> {
             ..Default::default()
         },
         firewall: a.firewall,
+        cc: {
+            let mut cc = rdma_user::device::datapath::CcConfig {
+                ecn: !a.no_ecn,
+                cnp_dscp: a.cnp_dscp.min(63),
+                ..Default::default()
+            };
+            cc.params.enabled = !a.no_dcqcn;
+            cc
+        },
     })
 }
 

@@ -222,6 +222,7 @@ pub fn verbs_demo(a: &str, b: &str) -> Result<()> {
         cpu: None,
         boost: false,
         events: None,
+        cc: Default::default(),
     };
     let (ca, cb) = (Context::open(a, opts.clone())?, Context::open(b, opts)?);
     let (pa, pb) = (ca.alloc_pd()?, cb.alloc_pd()?);

@@ -1,0 +1,375 @@
+//! Congestion control as RoCE NICs do it: DCQCN (Zhu et al., "Congestion
+//! Control for Large-Scale RDMA Deployments", SIGCOMM 2015).
+//!
+//! - **Notification point** ([`Np`]): a CE-marked request or READ response
+//!   makes the receiver send a CNP to the sending QP, at most one per
+//!   `np_min_time_between_cnps`.
+//! - **Reaction point** ([`Dcqcn`]): per QP, the current rate RC and target
+//!   rate RT. A CNP cuts RC by α/2 (RT keeps the old RC) and raises α by
+//!   the gain g; α decays by (1 - g) every alpha period without a CNP. The
+//!   rate recovers in stages driven by a timer and a byte counter: fast
+//!   recovery (RC halfway to RT) for the first `rp_threshold` events of
+//!   either kind, additive increase (RT += R_AI) once one of them passed it,
+//!   hyper increase (RT += i R_HAI) once both did.
+//!
+//! Time-driven and sans-IO like the rest of the engine: the timers are
+//! caught up lazily when the QP next sends or gets a CNP, so an idle QP
+//! costs nothing, and a QP at line rate is not paced at all.
+//!
+//! The tunables carry mlx5's `cc_params` names; defaults follow the paper
+//! (see [`CcParams::default`]).
+
+use super::Nanos;
+
+/// DCQCN's tunables (mlx5's names; rates in Mbit/s, times in µs).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct CcParams {
+    /// The reaction point: cut the rate on CNPs (off: CNPs are counted as
+    /// ignored and nothing is paced).
+    pub enabled: bool,
+    /// The rate a QP starts at and recovers to (the link's).
+    pub line_rate: f64,
+    /// R_AI, the additive increase step.
+    pub rp_ai_rate: f64,
+    /// R_HAI, the hyper increase step.
+    pub rp_hai_rate: f64,
+    /// The rate never falls below this.
+    pub rp_min_rate: f64,
+    /// The rate increase timer period.
+    pub rp_time_reset: u64,
+    /// The byte counter: one increase event per this many bytes sent.
+    pub rp_byte_reset: u64,
+    /// F: increase events of one kind before additive (and, with both,
+    /// hyper) increase.
+    pub rp_threshold: u32,
+    /// g in 1/1024 units.
+    pub rp_dce_tcp_g: u32,
+    /// The alpha update period (K).
+    pub rp_dce_tcp_rtt: u64,
+    /// At most one rate cut per this period.
+    pub rp_rate_reduce_monitor_period: u64,
+    /// α at the first CNP, in 1/1024 units.
+    pub rp_initial_alpha_value: u32,
+    /// The notification point sends at most one CNP per QP per this period.
+    pub np_min_time_between_cnps: u64,
+}
+
+impl Default for CcParams {
+    /// The paper's values: g = 1/256, K = 55 µs, a 55 µs timer, a 150 KiB
+    /// byte counter, F = 5, R_AI 40 Mbit/s, R_HAI 100 Mbit/s, α starting at
+    /// 1 and 50 µs between CNPs; line rate 10 Gbit/s (a veth's) until the
+    /// driver knows the link. mlx5's firmware defaults are smaller
+    /// (`rp_dce_tcp_g` 1019, a 1 µs alpha period, R_AI 5 Mbit/s): see the
+    /// README.
+    fn default() -> Self {
+        CcParams {
+            enabled: true,
+            line_rate: 10_000.0,
+            rp_ai_rate: 40.0,
+            rp_hai_rate: 100.0,
+            rp_min_rate: 10.0,
+            rp_time_reset: 55,
+            rp_byte_reset: 150 * 1024,
+            rp_threshold: 5,
+            rp_dce_tcp_g: 4,
+            rp_dce_tcp_rtt: 55,
+            rp_rate_reduce_monitor_period: 4,
+            rp_initial_alpha_value: 1024,
+            np_min_time_between_cnps: 50,
+        }
+    }
+}
+
+const US: Nanos = 1000;
+/// Timer catch-up is bounded: this many increase events reach line rate
+/// from any rate (hyper increase at least doubles the distance covered).
+const MAX_CATCH_UP: u64 = 100_000;
+
+/// The notification point of one QP.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Np {
+    last_cnp: Option<Nanos>,
+    /// A CNP is due (sent before anything else the QP has).
+    pub(super) pending: bool,
+}
+
+impl Np {
+    /// A CE-marked packet arrived: a CNP is due unless one went out less
+    /// than `min_gap_us` ago. Returns whether one is now due.
+    pub(super) fn on_ce(&mut self, now: Nanos, min_gap_us: u64) -> bool {
+        if self
+            .last_cnp
+            .is_some_and(|t| now.saturating_sub(t) < min_gap_us * US)
+        {
+            return false;
+        }
+        self.pending = true;
+        self.last_cnp = Some(now);
+        true
+    }
+}
+
+/// The reaction point of one QP.
+#[derive(Debug, Clone, Copy)]
+pub struct Dcqcn {
+    pub p: CcParams,
+    /// Current and target rate, Mbit/s.
+    pub rc: f64,
+    pub rt: f64,
+    pub alpha: f64,
+    /// Increase events so far since the last cut: timer (T) and byte
+    /// counter (BC).
+    t_events: u32,
+    bc_events: u32,
+    bytes: u64,
+    /// When the next timer event and alpha update fall due.
+    next_timer: Nanos,
+    next_alpha: Nanos,
+    last_cut: Option<Nanos>,
+    /// Earliest time the next packet may leave (pacing at RC).
+    next_tx: Nanos,
+    /// The latest time the engine was given.
+    now: Nanos,
+}
+
+impl Dcqcn {
+    pub fn new(p: CcParams) -> Dcqcn {
+        Dcqcn {
+            p,
+            rc: p.line_rate,
+            rt: p.line_rate,
+            alpha: p.rp_initial_alpha_value as f64 / 1024.0,
+            t_events: 0,
+            bc_events: 0,
+            bytes: 0,
+            next_timer: 0,
+            next_alpha: 0,
+            last_cut: None,
+            next_tx: 0,
+            now: 0,
+        }
+    }
+
+    fn g(&self) -> f64 {
+        self.p.rp_dce_tcp_g as f64 / 1024.0
+    }
+
+    /// Below line rate: packets are paced and the timers run.
+    pub fn limiting(&self) -> bool {
+        self.p.enabled && self.rc < self.p.line_rate
+    }
+
+    /// A CNP arrived. Returns false if it was ignored (the reaction point
+    /// is off, or a cut happened within the monitor period).
+    pub fn on_cnp(&mut self, now: Nanos) -> bool {
+        if !self.p.enabled {
+            return false;
+        }
+        self.catch_up(now);
+        if self
+            .last_cut
+            .is_some_and(|t| now.saturating_sub(t) < self.p.rp_rate_reduce_monitor_period * US)
+        {
+            return false;
+        }
+        let g = self.g();
+        self.rt = self.rc;
+        self.rc = (self.rc * (1.0 - self.alpha / 2.0)).max(self.p.rp_min_rate);
+        self.alpha = (1.0 - g) * self.alpha + g;
+        self.t_events = 0;
+        self.bc_events = 0;
+        self.bytes = 0;
+        self.last_cut = Some(now);
+        self.next_timer = now + self.p.rp_time_reset * US;
+        self.next_alpha = now + self.p.rp_dce_tcp_rtt * US;
+        true
+    }
+
+    /// Runs the alpha and rate-increase timers up to `now`.
+    fn catch_up(&mut self, now: Nanos) {
+        self.now = self.now.max(now);
+        if !self.limiting() {
+            return;
+        }
+        let g = self.g();
+        let mut n = 0;
+        while self.next_alpha <= now && n < MAX_CATCH_UP {
+            self.alpha *= 1.0 - g;
+            self.next_alpha += self.p.rp_dce_tcp_rtt.max(1) * US;
+            n += 1;
+        }
+        if n == MAX_CATCH_UP {
+            self.next_alpha = now + self.p.rp_dce_tcp_rtt * US;
+        }
+        let mut n = 0;
+        while self.limiting() && self.next_timer <= now && n < MAX_CATCH_UP {
+            self.t_events += 1;
+            self.increase();
+            self.next_timer += self.p.rp_time_reset.max(1) * US;
+            n += 1;
+        }
+        if n == MAX_CATCH_UP || !self.limiting() {
+            // Long idle: back at line rate (DCQCN's state resets).
+            self.rc = self.p.line_rate;
+            self.rt = self.p.line_rate;
+        }
+    }
+
+    /// One increase event (timer or byte counter).
+    fn increase(&mut self) {
+        let f = self.p.rp_threshold;
+        let (t, bc) = (self.t_events, self.bc_events);
+        if t.max(bc) < f {
+            // Fast recovery: RT stays.
+        } else if t.min(bc) > f {
+            let i = (t.min(bc) - f) as f64;
+            self.rt += i * self.p.rp_hai_rate;
+        } else {
+            self.rt += self.p.rp_ai_rate;
+        }
+        self.rt = self.rt.min(self.p.line_rate);
+        self.rc = ((self.rt + self.rc) / 2.0).min(self.p.line_rate);
+        // Within a hair of line rate is line rate (the halving never
+        // closes the gap exactly).
+        if self.p.line_rate - self.rc < 0.01 {
+            self.rc = self.p.line_rate;
+        }
+    }
+
+    /// The time before which no packet may leave, if pacing holds it back.
+    pub fn blocked_until(&mut self, now: Nanos) -> Option<Nanos> {
+        self.catch_up(now);
+        (self.limiting() && self.next_tx > now).then_some(self.next_tx)
+    }
+
+    /// Time moves on (the timers catch up; a pacing deadline reached is
+    /// no longer one).
+    pub fn advance(&mut self, now: Nanos) {
+        self.catch_up(now);
+    }
+
+    /// The pacing deadline, if one is ahead of the latest time seen.
+    pub fn deadline(&self) -> Option<Nanos> {
+        (self.limiting() && self.next_tx > self.now).then_some(self.next_tx)
+    }
+
+    /// A packet of `len` bytes left at `now`.
+    pub fn sent(&mut self, now: Nanos, len: usize) {
+        if !self.limiting() {
+            return;
+        }
+        let gap = (len as f64 * 8000.0 / self.rc) as Nanos;
+        self.next_tx = self.next_tx.max(now) + gap;
+        self.bytes += len as u64;
+        while self.limiting() && self.bytes >= self.p.rp_byte_reset.max(1) {
+            self.bytes -= self.p.rp_byte_reset.max(1);
+            self.bc_events += 1;
+            self.increase();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-6 * b.abs().max(1.0)
+    }
+
+    #[test]
+    fn a_cnp_cuts_by_alpha_half_and_raises_alpha() {
+        let mut d = Dcqcn::new(CcParams::default());
+        assert!(!d.limiting());
+        assert!(d.on_cnp(1_000));
+        // α = 1 at first: RC halves, RT keeps the old rate, α = (1-g)·1 + g.
+        assert!(close(d.rc, 5_000.0) && close(d.rt, 10_000.0));
+        assert!(close(d.alpha, 1.0));
+        // Within the monitor period (4 µs): ignored.
+        assert!(!d.on_cnp(3_000));
+        // α decays by (1 - g) per 55 µs without a CNP.
+        let g: f64 = 4.0 / 1024.0;
+        d.catch_up(1_000 + 3 * 55_000);
+        assert!(close(d.alpha, (1.0 - g).powi(3)), "{}", d.alpha);
+        let (rc, a) = (d.rc, d.alpha);
+        assert!(d.on_cnp(1_000 + 3 * 55_000));
+        assert!(close(d.rc, rc * (1.0 - a / 2.0)));
+        assert!(close(d.alpha, (1.0 - g) * a + g));
+    }
+
+    #[test]
+    fn recovery_is_fast_then_additive_then_hyper() {
+        let p = CcParams::default();
+        let mut d = Dcqcn::new(p);
+        d.on_cnp(0);
+        let (rt, mut rc) = (d.rt, d.rc);
+        // Fast recovery: F timer events, each halfway to RT.
+        for k in 1..=4u64 {
+            d.catch_up(k * 55_000);
+            rc = (rt + rc) / 2.0;
+            assert!(close(d.rc, rc) && close(d.rt, rt), "event {k}");
+        }
+        // Another cut, then the byte counter passes F as well as the timer.
+        let mut d = Dcqcn::new(p);
+        d.on_cnp(0);
+        d.rt = 1_000.0;
+        d.rc = 500.0;
+        for _ in 0..6 {
+            d.sent(0, p.rp_byte_reset as usize);
+        }
+        // BC = 6 > F, T = 0: additive on the sixth event.
+        assert_eq!((d.t_events, d.bc_events), (0, 6));
+        let rt = d.rt;
+        d.catch_up(55_000 * 6);
+        // T reaches 6 too: the first timer events are additive (T < F
+        // while BC > F), the sixth hyper: RT + 1·R_HAI.
+        assert_eq!(d.t_events, 6);
+        assert!(close(d.rt, rt + 5.0 * 40.0 + 100.0), "{} vs {rt}", d.rt);
+    }
+
+    #[test]
+    fn the_rate_floors_and_returns_to_line_rate_when_left_alone() {
+        let p = CcParams {
+            rp_rate_reduce_monitor_period: 0,
+            ..CcParams::default()
+        };
+        let mut d = Dcqcn::new(p);
+        for k in 0..200 {
+            d.on_cnp(k);
+        }
+        assert!(close(d.rc, p.rp_min_rate), "{}", d.rc);
+        // Idle for a second: the timers catch up, bounded, to line rate.
+        assert_eq!(d.blocked_until(1_000_000_000), None);
+        assert!(!d.limiting() && close(d.rc, p.line_rate));
+    }
+
+    #[test]
+    fn pacing_spaces_packets_at_the_current_rate() {
+        let mut d = Dcqcn::new(CcParams::default());
+        assert_eq!(d.blocked_until(0), None);
+        d.sent(0, 1000);
+        assert_eq!(d.blocked_until(0), None, "line rate: no pacing");
+        d.on_cnp(0);
+        // 5 Gbit/s: 1000 bytes every 1.6 µs.
+        d.sent(10, 1000);
+        assert_eq!(d.blocked_until(10), Some(1610));
+        assert_eq!(d.deadline(), Some(1610));
+        d.sent(1610, 1000);
+        assert_eq!(d.blocked_until(1700), Some(3210));
+        // Off: never paced, CNPs ignored.
+        let mut d = Dcqcn::new(CcParams {
+            enabled: false,
+            ..CcParams::default()
+        });
+        assert!(!d.on_cnp(0));
+        assert_eq!(d.blocked_until(0), None);
+    }
+
+    #[test]
+    fn cnps_are_spaced_by_the_notification_point() {
+        let mut np = Np::default();
+        assert!(np.on_ce(0, 50));
+        assert!(!np.on_ce(49_999, 50));
+        assert!(np.on_ce(50_000, 50));
+    }
+}

@@ -1,0 +1,232 @@
+//! ECN and DCQCN on the data path, socket-free: two `Core`s with one RC QP
+//! each, frames handed over in memory. A CE mark makes the receiver send a
+//! CNP of the Annex A17.9.3 format (spaced by np_min_time_between_cnps);
+//! the sender's rate drops and its packets are paced; CNPs touch no PSN or
+//! ACK state; data packets go out ECT(0) unless ECN is off.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use rdma_user::device::datapath::{Connect, Core, Limits, Path};
+use rdma_user::device::standalone::NO_WC;
+use rdma_user::memory::Access;
+use rdma_user::transport::{QpCap, SendWr, Sge, WcStatus, WrOpcode};
+use rdma_user::wire::{opcode, udp_sport_for_qps, IpRepr, RoceRepr, TransportRepr};
+
+const MR_LEN: usize = 1 << 20;
+
+struct Host {
+    core: Core,
+    qp: u32,
+    cq: u32,
+    addr: u64,
+    lkey: u32,
+    rkey: u32,
+    last: u8,
+}
+
+fn host(seed: u64, last: u8, ecn: bool) -> Host {
+    let mut core = Core::new(Limits::default(), seed);
+    core.cc.ecn = ecn;
+    let pd = core.alloc_pd();
+    let (addr, lkey, rkey) = core.reg_mr(pd, MR_LEN, Access::ALL).unwrap();
+    let cq = core.create_cq(256).unwrap();
+    let qp = core
+        .create_qp(
+            pd,
+            cq,
+            QpCap {
+                max_send_wr: 64,
+                max_recv_wr: 64,
+            },
+        )
+        .unwrap();
+    Host {
+        core,
+        qp,
+        cq,
+        addr,
+        lkey,
+        rkey,
+        last,
+    }
+}
+
+fn connect(x: &mut Host, y: &Host) {
+    let ip = |b| IpAddr::V4(Ipv4Addr::new(10, 9, 0, b));
+    let path = Path {
+        local_mac: [2, 0, 0, 0, 0, x.last],
+        peer_mac: [2, 0, 0, 0, 0, y.last],
+        local_ip: ip(x.last),
+        peer_ip: ip(y.last),
+        vlan: None,
+    };
+    let psn = |h: &Host| 1000 * h.last as u32;
+    x.core
+        .connect_qp(x.qp, path, &Connect::new(y.qp, psn(y), psn(x), 1024))
+        .unwrap();
+}
+
+fn pair(ecn: bool) -> (Host, Host) {
+    let mut a = host(1, 1, ecn);
+    let mut b = host(2, 2, ecn);
+    connect(&mut a, &b);
+    connect(&mut b, &a);
+    (a, b)
+}
+
+fn frames(h: &mut Host, now: u64) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 9000];
+    loop {
+        let n = h.core.build_frame(now, &mut buf);
+        if n == 0 {
+            return out;
+        }
+        out.push(buf[..n].to_vec());
+    }
+}
+
+fn write(a: &mut Host, b: &Host, id: u64, len: u32) {
+    let sge = [Sge {
+        addr: a.addr,
+        length: len,
+        lkey: a.lkey,
+    }];
+    let mut wr = SendWr::new(id, WrOpcode::RdmaWrite, &sge);
+    wr.remote_addr = b.addr;
+    wr.rkey = b.rkey;
+    a.core.post_send(a.qp, &wr).unwrap();
+}
+
+/// Marks a frame CE, as a congested switch does (the ICRC masks the TOS;
+/// the IPv4 checksum is redone).
+fn mark_ce(f: &[u8]) -> Vec<u8> {
+    let (mut r, l) = RoceRepr::parse(f).unwrap();
+    let IpRepr::V4(ip) = &mut r.ip else { panic!() };
+    ip.tos |= 3;
+    let mut out = vec![0u8; f.len()];
+    let n = r.emit(&f[l.payload.clone()], &mut out).unwrap();
+    out.truncate(n);
+    assert!(RoceRepr::parse(&out).is_ok());
+    out
+}
+
+fn ecn_of(f: &[u8]) -> u8 {
+    match RoceRepr::parse(f).unwrap().0.ip {
+        IpRepr::V4(ip) => ip.tos,
+        IpRepr::V6(ip) => ip.traffic_class,
+    }
+}
+
+#[test]
+fn a_ce_mark_brings_a_cnp_of_the_annex_format_and_the_sender_slows_down() {
+    let (mut a, mut b) = pair(true);
+    write(&mut a, &b, 1, 512);
+    let f = frames(&mut a, 1_000);
+    assert_eq!(f.len(), 1);
+    assert_eq!(ecn_of(&f[0]) & 3, 0b10, "data goes out ECT(0)");
+    b.core.handle_frame(1_000, &mark_ce(&f[0]));
+    let out = frames(&mut b, 1_000);
+    // The CNP first, then the ACK of the WRITE (unchanged by it).
+    assert_eq!(out.len(), 2, "a CNP and the ACK");
+    let (cnp, l) = RoceRepr::parse(&out[0]).unwrap();
+    let t = cnp.transport;
+    assert_eq!(t.bth.opcode, opcode::CNP);
+    assert_eq!(t.bth.resv8a, 0x40, "BECN");
+    assert_eq!((t.bth.pkey, t.bth.psn, t.bth.dest_qpn), (0xffff, 0, a.qp));
+    assert_eq!(t.cnp_reserved, Some([0; 16]));
+    assert!(l.payload.is_empty());
+    assert_eq!(
+        cnp.udp.src_port,
+        udp_sport_for_qps(b.qp, a.qp),
+        "the flow's port"
+    );
+    assert_eq!(ecn_of(&out[0]), 48 << 2, "DSCP 48, Not-ECT");
+    let ack = RoceRepr::parse(&out[1]).unwrap().0.transport;
+    assert_eq!(ack.bth.opcode, opcode::RC_ACKNOWLEDGE);
+    let s = b.core.qp(b.qp).unwrap().stats();
+    assert_eq!((s.np_ecn_marked_roce_packets, s.np_cnp_sent), (1, 1));
+
+    // A second mark within 50 µs: counted, no CNP.
+    write(&mut a, &b, 2, 512);
+    let f2 = frames(&mut a, 2_000);
+    b.core.handle_frame(20_000, &mark_ce(&f2[0]));
+    let out2 = frames(&mut b, 20_000);
+    assert!(out2
+        .iter()
+        .all(|f| RoceRepr::parse(f).unwrap().0.transport.bth.opcode != opcode::CNP));
+    assert_eq!(b.core.qp(b.qp).unwrap().stats().np_cnp_sent, 1);
+
+    // The CNP reaches A: the rate halves (α starts at 1), no PSN moves.
+    let psn = a.core.qp(a.qp).unwrap().sq_psn();
+    a.core.handle_frame(21_000, &out[0]);
+    for f in out[1..].iter().chain(&out2) {
+        a.core.handle_frame(21_000, f);
+    }
+    let q = a.core.qp(a.qp).unwrap();
+    assert_eq!(q.stats().rp_cnp_handled, 1);
+    assert_eq!(q.sq_psn(), psn);
+    let line = q.cc().p.line_rate;
+    assert!((q.cc().rc - line / 2.0).abs() < 1e-6, "{}", q.cc().rc);
+    let mut w = [NO_WC; 8];
+    let n = a.core.cq_mut(a.cq).unwrap().poll(&mut w);
+    assert!(w[..n].iter().all(|w| w.status == WcStatus::Success) && n == 2);
+
+    // Paced: a 4-packet WRITE leaves one packet per 1 KiB at 5 Gbit/s
+    // (about 1.7 µs), and the data path is told when the next may go.
+    write(&mut a, &b, 3, 4096);
+    let now = 30_000;
+    assert_eq!(frames(&mut a, now).len(), 1);
+    let next = a.core.handle_timers(now).expect("a pacing deadline");
+    assert!(next > now && next < now + 5_000, "{}", next - now);
+    assert!(frames(&mut a, next - 1).is_empty());
+    assert_eq!(frames(&mut a, next).len(), 1);
+}
+
+/// A CNP of `opc` from host `from_last` to QP `qpn` at host `to_last`.
+fn cnp_frame(opc: u8, from_last: u8, to_last: u8, qpn: u32) -> Vec<u8> {
+    let ip = |b| IpAddr::V4(Ipv4Addr::new(10, 9, 0, b));
+    let path = Path {
+        local_mac: [2, 0, 0, 0, 0, from_last],
+        peer_mac: [2, 0, 0, 0, 0, to_last],
+        local_ip: ip(from_last),
+        peer_ip: ip(to_last),
+        vlan: None,
+    };
+    let mut r = path.template(0, qpn).unwrap();
+    r.transport = TransportRepr::default();
+    r.transport.bth.opcode = opc;
+    r.transport.bth.pkey = 0xffff;
+    r.transport.bth.dest_qpn = qpn;
+    let mut buf = vec![0u8; 256];
+    let n = r.emit(&[], &mut buf).unwrap();
+    buf.truncate(n);
+    buf
+}
+
+#[test]
+fn the_legacy_cnp_opcode_is_accepted_and_the_reaction_point_can_be_off() {
+    let (mut a, b) = pair(false);
+    write(&mut a, &b, 1, 8);
+    let f = frames(&mut a, 0);
+    assert_eq!(ecn_of(&f[0]) & 3, 0, "ECN off: Not-ECT");
+    // 0x80, without the 16 reserved bytes.
+    a.core
+        .handle_frame(10, &cnp_frame(opcode::CNP_LEGACY, 2, 1, a.qp));
+    let q = a.core.qp(a.qp).unwrap();
+    assert_eq!(q.stats().rp_cnp_handled, 1);
+    assert!(q.cc().limiting());
+
+    // With the reaction point off, CNPs are counted as ignored.
+    let mut x = host(5, 1, true);
+    x.core.cc.params.enabled = false;
+    x.qp = x.core.create_qp(1, x.cq, QpCap::default()).unwrap();
+    let mut y = host(6, 2, true);
+    connect(&mut x, &y);
+    connect(&mut y, &x);
+    x.core.handle_frame(10, &cnp_frame(opcode::CNP, 2, 1, x.qp));
+    let q = x.core.qp(x.qp).unwrap();
+    let s = q.stats();
+    assert_eq!((s.rp_cnp_handled, s.rp_cnp_ignored), (0, 1));
+    assert!(!q.cc().limiting());
+}
