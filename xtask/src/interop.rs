@@ -227,10 +227,20 @@ pub(crate) fn interop(o: &Options) -> Result<()> {
         let r = run_case(&lab, &b, c);
         let secs = start.elapsed().as_secs_f64();
         drop(cap);
+        let drops = watch.case_drops();
         let note = watch.case_end(&c.name);
         match &r {
             Ok(()) => println!("PASS  {:<55} {:>6.1} s{note}", c.name, secs),
-            Err(e) => println!("FAIL  {:<55} {:>6.1} s  {e:#}{note}", c.name, secs),
+            Err(e) => println!(
+                "FAIL  {:<55} {:>6.1} s  {e:#}{note}{}",
+                c.name,
+                secs,
+                if drops > 0 && note.is_empty() {
+                    format!("  [host dropped {drops} frames into the VM]")
+                } else {
+                    String::new()
+                }
+            ),
         }
         results.push(r.is_ok());
     }
@@ -415,6 +425,13 @@ impl<'a> CounterWatch<'a> {
 
     pub(crate) fn case_start(&mut self) {
         self.drops0 = self.drops();
+    }
+
+    /// Frames the host dropped on their way into the VM since the case
+    /// started (a UD datagram lost there is lost for good: the UD tools
+    /// then wait forever).
+    pub(crate) fn case_drops(&self) -> i64 {
+        self.drops() - self.drops0
     }
 
     /// The counters that moved in the case just run, as a note for its line.
