@@ -258,20 +258,9 @@ fn every_hostile_ud_class_is_counted_under_its_reason_and_changes_nothing() {
                 .core
                 .create_qp_typed(pd, cq, cq, cap, QpType::Ud, 1024)
                 .unwrap();
-            for a in [
-                QpAttr {
-                    qp_state: Some(QpState::Init),
-                    pkey_index: Some(0),
-                    port_num: Some(1),
-                    qkey: Some(0x1111_1111),
-                    ..Default::default()
-                },
-                QpAttr {
-                    qp_state: Some(QpState::Rtr),
-                    ..Default::default()
-                },
-            ] {
-                b.core.modify_qp(qpn, &a).unwrap();
+            // INIT and RTR: a UD QP receives from RTR on.
+            for a in &QpAttr::ud_bring_up(0x1111_1111, 0)[..2] {
+                b.core.modify_qp(qpn, a).unwrap();
             }
             mem_mut(b.addr, MR_LEN).fill(0xc3);
             let sge = [Sge {

@@ -61,37 +61,9 @@ fn host(seed: u64, last: u8, skip: usize) -> Host {
 
 /// RESET -> INIT (Q_Key) -> RTR -> RTS (SQ PSN), as ibv_ud_pingpong does.
 fn bring_up(h: &mut Host, sq_psn: u32) {
-    h.core
-        .modify_qp(
-            h.qp,
-            &QpAttr {
-                qp_state: Some(QpState::Init),
-                pkey_index: Some(0),
-                port_num: Some(1),
-                qkey: Some(QKEY),
-                ..Default::default()
-            },
-        )
-        .unwrap();
-    h.core
-        .modify_qp(
-            h.qp,
-            &QpAttr {
-                qp_state: Some(QpState::Rtr),
-                ..Default::default()
-            },
-        )
-        .unwrap();
-    h.core
-        .modify_qp(
-            h.qp,
-            &QpAttr {
-                qp_state: Some(QpState::Rts),
-                sq_psn: Some(sq_psn),
-                ..Default::default()
-            },
-        )
-        .unwrap();
+    for a in QpAttr::ud_bring_up(QKEY, sq_psn) {
+        h.core.modify_qp(h.qp, &a).unwrap();
+    }
 }
 
 fn ah_to(x: &mut Host, y: &Host) -> u32 {

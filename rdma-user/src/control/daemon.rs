@@ -30,7 +30,7 @@ use crate::io::xdp::{XdpMode, XdpProgram};
 use crate::io::xsk::{rx_queues, Xsk, XskConfig};
 use crate::memory::Access;
 use crate::transport::{
-    QpAttr, QpCap, QpState, QpType, RecvWr, SendFlags, SendWr, Sge, UdDest, Wc, WcOpcode, WrOpcode,
+    QpAttr, QpCap, QpType, RecvWr, SendFlags, SendWr, Sge, UdDest, Wc, WcOpcode, WrOpcode,
 };
 
 /// perftest's Q_Key, the default of a UD QP made here.
@@ -438,7 +438,7 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
                     if qp_type == QpType::Ud {
                         // A UD QP needs no peer: straight to RTS.
                         let psn = dp.core.random_psn();
-                        for a in ud_bring_up(qkey.unwrap_or(DEFAULT_QKEY), psn) {
+                        for a in QpAttr::ud_bring_up(qkey.unwrap_or(DEFAULT_QKEY), psn) {
                             dp.core.modify_qp(qpn, &a)?;
                         }
                     }
@@ -618,28 +618,6 @@ async fn resolve_path(ctl: &Arc<Ctl>, peer: IpAddr, remote_mac: Option<String>) 
         peer_ip: peer,
         vlan: None,
     })
-}
-
-/// RESET -> INIT (Q_Key) -> RTR -> RTS (SQ PSN) of a UD QP.
-fn ud_bring_up(qkey: u32, sq_psn: u32) -> [QpAttr; 3] {
-    [
-        QpAttr {
-            qp_state: Some(QpState::Init),
-            pkey_index: Some(0),
-            port_num: Some(1),
-            qkey: Some(qkey),
-            ..Default::default()
-        },
-        QpAttr {
-            qp_state: Some(QpState::Rtr),
-            ..Default::default()
-        },
-        QpAttr {
-            qp_state: Some(QpState::Rts),
-            sq_psn: Some(sq_psn),
-            ..Default::default()
-        },
-    ]
 }
 
 #[allow(clippy::too_many_arguments)]

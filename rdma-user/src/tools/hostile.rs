@@ -85,11 +85,17 @@ pub struct Generator {
     payload: Vec<u8>,
 }
 
+/// The seeded generator and the random payload both generators draw from.
+fn seeded(seed: u64) -> (Rng, Vec<u8>) {
+    let mut rng = Rng(seed);
+    let mut payload = vec![0u8; 4096];
+    rng.fill(&mut payload);
+    (rng, payload)
+}
+
 impl Generator {
     pub fn new(t: Target, seed: u64) -> Generator {
-        let mut rng = Rng(seed);
-        let mut payload = vec![0u8; 4096];
-        rng.fill(&mut payload);
+        let (rng, payload) = seeded(seed);
         Generator { t, rng, payload }
     }
 
@@ -284,9 +290,7 @@ pub struct UdGenerator {
 
 impl UdGenerator {
     pub fn new(t: UdTarget, seed: u64) -> UdGenerator {
-        let mut rng = Rng(seed);
-        let mut payload = vec![0u8; 4096];
-        rng.fill(&mut payload);
+        let (rng, payload) = seeded(seed);
         UdGenerator { t, rng, payload }
     }
 

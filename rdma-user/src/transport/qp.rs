@@ -185,6 +185,29 @@ impl QpAttr {
             .fold(AttrMask::NONE, |m, (_, b)| m | *b)
     }
 
+    /// A UD QP's way to RTS: INIT (P_Key index 0, port 1, `qkey`), RTR,
+    /// RTS (`sq_psn`), as `ibv_ud_pingpong` takes it.
+    pub fn ud_bring_up(qkey: u32, sq_psn: u32) -> [QpAttr; 3] {
+        [
+            QpAttr {
+                qp_state: Some(QpState::Init),
+                pkey_index: Some(0),
+                port_num: Some(1),
+                qkey: Some(qkey),
+                ..Default::default()
+            },
+            QpAttr {
+                qp_state: Some(QpState::Rtr),
+                ..Default::default()
+            },
+            QpAttr {
+                qp_state: Some(QpState::Rts),
+                sq_psn: Some(sq_psn),
+                ..Default::default()
+            },
+        ]
+    }
+
     /// RESET -> INIT with P_Key index 0 on port 1, the usual first step.
     pub fn init(access: Access) -> QpAttr {
         QpAttr {

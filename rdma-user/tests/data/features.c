@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "exchange.h"
 
 enum { KINDS = 6, LEN = 65536, HUGE = 2 << 20, IOVA = 0x40000000 };
 static const char *kind_name[KINDS] = { "heap", "memalign", "mmap", "stack", "hugepage", "iova" };
@@ -48,39 +49,6 @@ struct hello {
 	uint8_t gid[16];
 	struct region r[KINDS], ro;
 };
-
-static void xfer(int fd, void *p, size_t n, int out)
-{
-	char *c = p;
-	while (n) {
-		ssize_t k = out ? write(fd, c, n) : read(fd, c, n);
-		CHECK("exchange", k > 0, "errno %d", errno);
-		c += k;
-		n -= k;
-	}
-}
-
-static int tcp(const char *peer, int port)
-{
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port) };
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	if (!peer) {
-		int one = 1;
-		setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-		CHECK("listen", bind(fd, (void *)&a, sizeof a) == 0 && listen(fd, 1) == 0, "errno %d", errno);
-		int c = accept(fd, NULL, NULL);
-		close(fd);
-		return c;
-	}
-	inet_pton(AF_INET, peer, &a.sin_addr);
-	for (int i = 0; i < 100; i++) {
-		if (connect(fd, (void *)&a, sizeof a) == 0)
-			return fd;
-		usleep(100000);
-	}
-	CHECK("connect", 0, "errno %d", errno);
-	return -1;
-}
 
 /* Six buffers of LEN bytes, one of each kind; `stack` is the caller's. */
 static void buffers(char **b, char *stack)

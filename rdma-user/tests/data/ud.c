@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "exchange.h"
 
 enum { QKEY = 0x11111111, MSG = 1000, GRH = 40, SLOT = 2048, SMALL = 100 };
 
@@ -43,39 +44,6 @@ static struct ibv_cq *cq;
 static struct ibv_qp *qp;
 static struct ibv_mr *mr;
 static char *buf;
-
-static void xfer(int fd, void *p, size_t n, int out)
-{
-	char *c = p;
-	while (n) {
-		ssize_t k = out ? write(fd, c, n) : read(fd, c, n);
-		CHECK("exchange", k > 0, "errno %d", errno);
-		c += k;
-		n -= k;
-	}
-}
-
-static int tcp(const char *peer, int port)
-{
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port) };
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	if (!peer) {
-		int one = 1;
-		setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-		CHECK("listen", bind(fd, (void *)&a, sizeof a) == 0 && listen(fd, 1) == 0, "errno %d", errno);
-		int c = accept(fd, NULL, NULL);
-		close(fd);
-		return c;
-	}
-	inet_pton(AF_INET, peer, &a.sin_addr);
-	for (int i = 0; i < 100; i++) {
-		if (connect(fd, (void *)&a, sizeof a) == 0)
-			return fd;
-		usleep(100000);
-	}
-	CHECK("connect", 0, "errno %d", errno);
-	return -1;
-}
 
 static void setup(const char *devname)
 {
