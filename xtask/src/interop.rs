@@ -290,6 +290,17 @@ pub(crate) fn interop(o: &Options) -> Result<()> {
             }
         }
     }
+    // ECN: the relay marks 10 % of RoCE frames CE both ways. rxe ignores
+    // the marks (it has no notification point); we answer rxe's marked
+    // packets with CNPs, which rxe must drop without disturbing anything,
+    // and which tshark must dissect cleanly.
+    let ce: Vec<Case> = ce_cases(quick)
+        .into_iter()
+        .filter(|c| only.is_none_or(|o| c.name.contains(o)))
+        .collect();
+    if !ce.is_empty() {
+        results.extend(run_ce_cases(&lab, &b, &ce));
+    }
     // Our packets must dissect without errors in Wireshark's InfiniBand
     // dissector: capture one more exchange and ask tshark for malformed or
     // error-level expert items.
@@ -317,6 +328,69 @@ pub(crate) fn interop(o: &Options) -> Result<()> {
     }
     results.push(tshark.is_ok());
     summary("interop", &results, &booted, t0)
+}
+
+/// The CE-marking cases: rc_pingpong with its data check, both roles (one
+/// in the quick run).
+pub(crate) fn ce_cases(quick: bool) -> Vec<Case> {
+    let roles: &[bool] = if quick { &[true] } else { &[true, false] };
+    roles
+        .iter()
+        .map(|&rxe_server| pingpong_case("CE 10%: ", 4096, 100, rxe_server, false))
+        .collect()
+}
+
+/// Runs `cases` behind a relay that marks 10 % of RoCE frames CE, with the
+/// rxe counters watched and our packets captured; then checks that CNPs
+/// went from us to rxe and that tshark dissects them. One result per case,
+/// then one for the CNPs.
+fn run_ce_cases(lab: &Lab, b: &str, cases: &[Case]) -> Vec<bool> {
+    let mut results = Vec::new();
+    let relay = match RxeRelay::insert(b, "--ce 0.1 --seed 7") {
+        Ok(r) => r,
+        Err(e) => {
+            println!("FAIL  {:<55} {e:#}", "insert the CE-marking relay");
+            return vec![false];
+        }
+    };
+    let pcap = std::env::temp_dir().join("rdma-interop-ce.pcap");
+    let cap = lab.capture(&pcap, &["udp", "port", "4791"]);
+    let mut watch = CounterWatch::new(lab, &[VmId::A]);
+    for c in cases {
+        watch.case_start();
+        let start = Instant::now();
+        let r = run_case(lab, b, c);
+        let note = watch.case_end(&c.name);
+        let secs = start.elapsed().as_secs_f64();
+        match &r {
+            Ok(()) => println!("PASS  {:<55} {:>6.1} s{note}", c.name, secs),
+            Err(e) => println!("FAIL  {:<55} {:>6.1} s  {e:#}{note}", c.name, secs),
+        }
+        results.push(r.is_ok() && note.is_empty());
+    }
+    if let Ok(c) = cap {
+        c.stop();
+    }
+    let rep = relay.remove();
+    let marked = |k: &str| rep[k]["ce_marked"].as_u64().unwrap_or(0);
+    let cnps = tshark_count(&pcap, "ip.src == 10.99.0.1 && infiniband.bth.opcode == 129");
+    let clean = tshark_clean(&pcap);
+    let ok = marked("a_to_b") > 0
+        && marked("b_to_a") > 0
+        && cnps.as_ref().is_ok_and(|&n| n > 0)
+        && clean.is_ok();
+    println!(
+        "{}  {:<55} marked we->rxe {}, rxe->we {}; CNPs from us {}; tshark {}",
+        if ok { "PASS" } else { "FAIL" },
+        "CE marks answered with CNPs, rxe undisturbed",
+        marked("a_to_b"),
+        marked("b_to_a"),
+        cnps.map_or_else(|e| format!("{e:#}"), |n| n.to_string()),
+        clean.map_or_else(|e| format!("{e:#}"), |n| format!("clean ({n} of ours)"))
+    );
+    results.push(ok);
+    let _ = std::fs::remove_file(&pcap);
+    results
 }
 
 /// The closing line of a run; an error if any case failed.
@@ -907,17 +981,20 @@ pub(crate) fn guest_tail(o: &GuestOutput) -> String {
 
 /// Counts our RoCEv2 packets in a capture and fails on any malformed packet
 /// or error-level expert item tshark reports.
+/// Packets of `pcap` that match a display filter.
+pub(crate) fn tshark_count(pcap: &Path, filter: &str) -> Result<usize> {
+    let out = Command::new("tshark")
+        .arg("-r")
+        .arg(pcap)
+        .args(["-Y", filter])
+        .stderr(Stdio::null())
+        .output()
+        .context("tshark is not installed: apt-get install tshark")?;
+    Ok(String::from_utf8_lossy(&out.stdout).lines().count())
+}
+
 pub(crate) fn tshark_clean(pcap: &Path) -> Result<usize> {
-    let count = |filter: &str| -> Result<usize> {
-        let out = Command::new("tshark")
-            .arg("-r")
-            .arg(pcap)
-            .args(["-Y", filter])
-            .stderr(Stdio::null())
-            .output()
-            .context("tshark is not installed: apt-get install tshark")?;
-        Ok(String::from_utf8_lossy(&out.stdout).lines().count())
-    };
+    let count = |filter: &str| tshark_count(pcap, filter);
     let ours = count("ip.src == 10.99.0.1 && infiniband")?;
     if ours == 0 {
         bail!("no packets from us in the capture");

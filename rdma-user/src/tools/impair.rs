@@ -18,6 +18,9 @@ pub struct ImpairConfig {
     pub reorder: f64,
     pub dup: f64,
     pub corrupt: f64,
+    /// Mark CE (ECN 11) in the IP header, as a congested switch does (the
+    /// ICRC masks the ECN bits; the IPv4 checksum is redone).
+    pub ce: f64,
     pub delay_us: u64,
     pub jitter_us: u64,
     /// A reordered frame is held back until this many later frames of the
@@ -38,6 +41,7 @@ impl Default for ImpairConfig {
             reorder: 0.0,
             dup: 0.0,
             corrupt: 0.0,
+            ce: 0.0,
             delay_us: 0,
             jitter_us: 0,
             reorder_gap: 3,
@@ -56,6 +60,7 @@ impl ImpairConfig {
             ("reorder", self.reorder),
             ("dup", self.dup),
             ("corrupt", self.corrupt),
+            ("ce", self.ce),
         ] {
             if !(0.0..=1.0).contains(&p) {
                 return Err(format!(
@@ -69,11 +74,12 @@ impl ImpairConfig {
     /// One line for logs: every rate and the seed.
     pub fn describe(&self) -> String {
         format!(
-            "loss={} reorder={} dup={} corrupt={} delay_us={} jitter_us={} seed={}",
+            "loss={} reorder={} dup={} corrupt={} ce={} delay_us={} jitter_us={} seed={}",
             self.loss,
             self.reorder,
             self.dup,
             self.corrupt,
+            self.ce,
             self.delay_us,
             self.jitter_us,
             self.seed
@@ -91,9 +97,58 @@ pub struct DirStats {
     pub dropped: u64,
     pub duplicated: u64,
     pub corrupted: u64,
+    /// Frames marked CE.
+    #[serde(default)]
+    pub ce_marked: u64,
     pub reordered: u64,
     /// Frames handed to the other side (duplicates count twice).
     pub tx: u64,
+}
+
+/// Marks a frame CE (ECN field 11) in its IPv4 or IPv6 header, with the
+/// IPv4 header checksum redone. `f` starts at the Ethernet header.
+pub fn mark_ce(f: &mut [u8]) -> bool {
+    let mut off = 12;
+    let Some(mut et) = f
+        .get(off..off + 2)
+        .map(|b| u16::from_be_bytes([b[0], b[1]]))
+    else {
+        return false;
+    };
+    off += 2;
+    while et == 0x8100 || et == 0x88a8 {
+        let Some(b) = f.get(off + 2..off + 4) else {
+            return false;
+        };
+        et = u16::from_be_bytes([b[0], b[1]]);
+        off += 4;
+    }
+    match et {
+        0x0800 if f.len() >= off + 20 => {
+            let ihl = (f[off] & 0x0f) as usize * 4;
+            if ihl < 20 || f.len() < off + ihl {
+                return false;
+            }
+            f[off + 1] |= 3;
+            f[off + 10] = 0;
+            f[off + 11] = 0;
+            let mut sum: u32 = 0;
+            for w in f[off..off + ihl].chunks(2) {
+                sum += u16::from_be_bytes([w[0], w[1]]) as u32;
+            }
+            while sum > 0xffff {
+                sum = (sum & 0xffff) + (sum >> 16);
+            }
+            f[off + 10..off + 12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+            true
+        }
+        // The traffic class straddles bytes 0 and 1: ECN is bits 4-5 of byte 1.
+        0x86dd if f.len() >= off + 40 => {
+            f[off + 1] |= 0x30;
+            true
+        }
+        _ => false,
+    }
 }
 
 /// Where the UDP payload of a RoCEv2 frame starts, or None for other
@@ -225,6 +280,9 @@ impl Impairer {
                 self.stats[dir].corrupted += 1;
             }
         }
+        if self.rng.chance(self.cfg.ce) && mark_ce(&mut self.bufs[b][prefix..]) {
+            self.stats[dir].ce_marked += 1;
+        }
         let mut at = now + self.cfg.delay_us * 1000;
         if self.cfg.jitter_us > 0 {
             at += self.rng.below(self.cfg.jitter_us * 1000 + 1);
@@ -312,6 +370,26 @@ mod tests {
         let n = repr.emit(&[7u8; 5], &mut buf).unwrap();
         buf.truncate(n);
         buf
+    }
+
+    #[test]
+    fn ce_marks_keep_the_frame_valid() {
+        let (out, imp) = run(
+            ImpairConfig {
+                ce: 0.5,
+                ..Default::default()
+            },
+            200,
+        );
+        let marked = out
+            .iter()
+            .filter(|f| {
+                let (r, _) = RoceRepr::parse(f).expect("checksum and ICRC still good");
+                matches!(r.ip, IpRepr::V4(ip) if ip.tos & 3 == 3)
+            })
+            .count() as u64;
+        assert_eq!(marked, imp.stats[0].ce_marked);
+        assert!(marked > 50 && marked < 150, "{marked}");
     }
 
     fn run(cfg: ImpairConfig, n: u32) -> (Vec<Vec<u8>>, Impairer) {

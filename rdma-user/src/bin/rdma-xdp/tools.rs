@@ -118,6 +118,9 @@ pub struct RelayArgs {
     /// Probability of one flipped bit in the RoCE part of the frame.
     #[arg(long, default_value_t = 0.0)]
     pub corrupt: f64,
+    /// Probability of a CE mark (ECN congestion experienced) in the IP header.
+    #[arg(long, default_value_t = 0.0)]
+    pub ce: f64,
     /// Added one-way delay, microseconds.
     #[arg(long, default_value_t = 0)]
     pub delay_us: u64,
@@ -283,6 +286,7 @@ pub fn relay(r: RelayArgs, g: &Global) -> Result<()> {
         reorder: r.reorder,
         dup: r.dup,
         corrupt: r.corrupt,
+        ce: r.ce,
         delay_us: r.delay_us,
         jitter_us: r.jitter_us,
         reorder_gap: r.reorder_gap,
