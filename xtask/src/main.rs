@@ -79,7 +79,7 @@ enum Cmd {
         quick: bool,
     },
     /// Verified mixed RDMA workload through the seeded impairment relay:
-    /// clean, 5 % loss, 5 % reordering, 1 % duplication, 0.1 % corruption,
+    /// clean, 5 % loss, 5 % CE marks, 5 % reordering, 1 % duplication, 0.1 % corruption,
     /// and all combined; prints losses (must be 0) and goodput per fault.
     Soak {
         /// Operations per fault configuration.

@@ -22,9 +22,11 @@ pub(crate) fn soak(ops: u64, seed: u64) -> Result<()> {
     relay_topology(&ns, devs, addrs)?;
     let out_dir = root().join("target/soak");
     std::fs::create_dir_all(&out_dir)?;
-    let configs: [(&str, &str); 6] = [
+    let configs: [(&str, &str); 7] = [
         ("clean", ""),
         ("loss 5%", "--loss 0.05"),
+        // CE marks: every QP's DCQCN reacts (CNPs, pacing); nothing is lost.
+        ("ce 5%", "--ce 0.05"),
         ("reorder 5%", "--reorder 0.05"),
         ("dup 1%", "--dup 0.01"),
         ("corrupt 0.1%", "--corrupt 0.001"),
@@ -108,7 +110,7 @@ pub(crate) fn soak(ops: u64, seed: u64) -> Result<()> {
         .and_then(|r| r["report"]["goodput_gbps"].as_f64())
         .unwrap_or(0.0);
     let mut md = String::from(
-        "| fault | ops | verified | lost | dup | corrupt | s | goodput Gb/s | vs clean | retransmits | timeouts | relay drop/dup/corrupt/reorder |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| fault | ops | verified | lost | dup | corrupt | s | goodput Gb/s | vs clean | retransmits | timeouts | relay drop/dup/corrupt/reorder/CE | CNPs handled |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in &rows {
         let p = &r["report"];
@@ -118,7 +120,7 @@ pub(crate) fn soak(ops: u64, seed: u64) -> Result<()> {
         };
         if p.is_null() {
             md += &format!(
-                "| {} | FAILED | | | | | | | | | | |\n",
+                "| {} | FAILED | | | | | | | | | | | |\n",
                 r["fault"].as_str().unwrap_or("")
             );
             continue;
@@ -126,7 +128,7 @@ pub(crate) fn soak(ops: u64, seed: u64) -> Result<()> {
         let g = p["goodput_gbps"].as_f64().unwrap_or(0.0);
         md +=
             &format!(
-            "| {} | {} | {} | {} | {} | {} | {:.1} | {:.3} | {:+.0} % | {} | {} | {}/{}/{}/{} |\n",
+            "| {} | {} | {} | {} | {} | {} | {:.1} | {:.3} | {:+.0} % | {} | {} | {}/{}/{}/{}/{} | {} |\n",
             r["fault"].as_str().unwrap_or(""),
             p["ops"],
             p["completed"],
@@ -142,6 +144,8 @@ pub(crate) fn soak(ops: u64, seed: u64) -> Result<()> {
             rel("duplicated"),
             rel("corrupted"),
             rel("reordered"),
+            rel("ce_marked"),
+            p["rp_cnp_handled"],
         );
     }
     std::fs::write(out_dir.join("summary.md"), &md)?;

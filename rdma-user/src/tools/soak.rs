@@ -86,6 +86,12 @@ pub struct Report {
     pub retransmits: u64,
     pub timeouts: u64,
     pub seq_naks_received: u64,
+    /// DCQCN on the client's QP: CNPs it acted on, and its rate at the end
+    /// (Mbit/s).
+    #[serde(default)]
+    pub rp_cnp_handled: u64,
+    #[serde(default)]
+    pub dcqcn_rate_mbps: f64,
     pub server: ServerReport,
 }
 
@@ -689,6 +695,8 @@ pub fn run(o: &Options) -> Result<Report> {
         rep.retransmits = st.retransmits;
         rep.timeouts = st.timeouts;
         rep.seq_naks_received = st.seq_naks_received;
+        rep.rp_cnp_handled = st.rp_cnp_handled;
+        rep.dcqcn_rate_mbps = q.cc().rc;
     }
     send_line(&mut s.tcp, &"done")?;
     let l = read_line_polling(
