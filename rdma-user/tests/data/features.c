@@ -34,7 +34,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "exchange.h"
+#include "common.h"
 
 enum { KINDS = 6, LEN = 65536, HUGE = 2 << 20, IOVA = 0x40000000 };
 static const char *kind_name[KINDS] = { "heap", "memalign", "mmap", "stack", "hugepage", "iova" };
@@ -91,12 +91,7 @@ static struct ibv_srq *srq;
 /* The target's QP takes its receive WRs from an SRQ. */
 static void setup(const char *devname, int with_srq)
 {
-	int num;
-	struct ibv_device **list = ibv_get_device_list(&num);
-	for (int i = 0; i < num; i++)
-		if (!strcmp(ibv_get_device_name(list[i]), devname))
-			ctx = ibv_open_device(list[i]);
-	CHECK("open", ctx != NULL, "no device %s", devname);
+	ctx = open_named(devname);
 	CHECK("async_fd is a descriptor", ctx->async_fd >= 0, "%d", ctx->async_fd);
 	pd = ibv_alloc_pd(ctx);
 	ch = ibv_create_comp_channel(ctx);
@@ -150,13 +145,7 @@ static void connect_qp(const struct hello *peer)
 
 static struct ibv_wc wait_wc(void)
 {
-	struct ibv_wc wc;
-	time_t end = time(NULL) + 20;
-	while (time(NULL) < end)
-		if (ibv_poll_cq(cq, 1, &wc) == 1)
-			return wc;
-	CHECK("a completion", 0, "none in 20 s");
-	return wc;
+	return wait_wc_on(cq);
 }
 
 /* The next async event within `ms`, or -1. */

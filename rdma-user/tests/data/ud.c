@@ -29,7 +29,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "exchange.h"
+#include "common.h"
 
 enum { QKEY = 0x11111111, MSG = 1000, GRH = 40, SLOT = 2048, SMALL = 100 };
 
@@ -47,12 +47,7 @@ static char *buf;
 
 static void setup(const char *devname)
 {
-	int num;
-	struct ibv_device **list = ibv_get_device_list(&num);
-	for (int i = 0; i < num; i++)
-		if (!strcmp(ibv_get_device_name(list[i]), devname))
-			ctx = ibv_open_device(list[i]);
-	CHECK("open", ctx != NULL, "no device %s", devname);
+	ctx = open_named(devname);
 	pd = ibv_alloc_pd(ctx);
 	cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
 	buf = calloc(1, 8 * SLOT);
@@ -98,13 +93,7 @@ static int post_send(struct ibv_ah *ah, uint32_t qpn, int slot, uint32_t len, ui
 
 static struct ibv_wc wait_wc(void)
 {
-	struct ibv_wc wc;
-	time_t end = time(NULL) + 20;
-	while (time(NULL) < end)
-		if (ibv_poll_cq(cq, 1, &wc) == 1)
-			return wc;
-	CHECK("a completion", 0, "none in 20 s");
-	return wc;
+	return wait_wc_on(cq);
 }
 
 static struct ibv_ah *ah_to(const uint8_t *gid)

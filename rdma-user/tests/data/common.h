@@ -1,8 +1,12 @@
-/* The test programs' side channel: a TCP connection to exchange their
- * QP details, and reads and writes of exactly n bytes over it. */
-#ifndef RDMA_XDP_EXCHANGE_H
-#define RDMA_XDP_EXCHANGE_H
+/* What the two-process test programs share: a TCP connection to exchange
+ * their QP details (reads and writes of exactly n bytes over it), opening
+ * a device by name, and waiting for a completion. */
+#ifndef RDMA_XDP_COMMON_H
+#define RDMA_XDP_COMMON_H
 #include <arpa/inet.h>
+#include <infiniband/verbs.h>
+#include <string.h>
+#include <time.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -43,6 +47,31 @@ static int tcp(const char *peer, int port)
 	}
 	CHECK("connect", 0, "errno %d", errno);
 	return -1;
+}
+
+/* The device named `name`, opened. */
+static struct ibv_context *open_named(const char *name)
+{
+	int num;
+	struct ibv_context *c = NULL;
+	struct ibv_device **list = ibv_get_device_list(&num);
+	for (int i = 0; list && i < num; i++)
+		if (!strcmp(ibv_get_device_name(list[i]), name))
+			c = ibv_open_device(list[i]);
+	CHECK("open", c != NULL, "no device %s", name);
+	return c;
+}
+
+/* The next completion of `cq`, polled for at most 20 s. */
+static struct ibv_wc wait_wc_on(struct ibv_cq *cq)
+{
+	struct ibv_wc wc;
+	time_t end = time(NULL) + 20;
+	while (time(NULL) < end)
+		if (ibv_poll_cq(cq, 1, &wc) == 1)
+			return wc;
+	CHECK("a completion", 0, "none in 20 s");
+	return wc;
 }
 
 #endif
