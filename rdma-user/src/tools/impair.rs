@@ -21,6 +21,15 @@ pub struct ImpairConfig {
     /// Mark CE (ECN 11) in the IP header, as a congested switch does (the
     /// ICRC masks the ECN bits; the IPv4 checksum is redone).
     pub ce: f64,
+    /// A bottleneck link of this many Mbit/s per direction (0: none): RoCE
+    /// frames queue behind it, are CE-marked by the queue's length (RED's
+    /// ramp: none below `kmin_bytes`, probability rising to `pmax` at
+    /// `kmax_bytes`, all above), and dropped beyond `queue_bytes`.
+    pub rate_mbit: f64,
+    pub queue_bytes: u64,
+    pub kmin_bytes: u64,
+    pub kmax_bytes: u64,
+    pub pmax: f64,
     pub delay_us: u64,
     pub jitter_us: u64,
     /// A reordered frame is held back until this many later frames of the
@@ -42,6 +51,11 @@ impl Default for ImpairConfig {
             dup: 0.0,
             corrupt: 0.0,
             ce: 0.0,
+            rate_mbit: 0.0,
+            queue_bytes: 256 * 1024,
+            kmin_bytes: 20 * 1024,
+            kmax_bytes: 200 * 1024,
+            pmax: 0.2,
             delay_us: 0,
             jitter_us: 0,
             reorder_gap: 3,
@@ -61,6 +75,7 @@ impl ImpairConfig {
             ("dup", self.dup),
             ("corrupt", self.corrupt),
             ("ce", self.ce),
+            ("pmax", self.pmax),
         ] {
             if !(0.0..=1.0).contains(&p) {
                 return Err(format!(
@@ -100,6 +115,12 @@ pub struct DirStats {
     /// Frames marked CE.
     #[serde(default)]
     pub ce_marked: u64,
+    /// The bottleneck: frames dropped at its full queue, and the longest
+    /// queue seen (bytes).
+    #[serde(default)]
+    pub bottleneck_drops: u64,
+    #[serde(default)]
+    pub queue_max_bytes: u64,
     pub reordered: u64,
     /// Frames handed to the other side (duplicates count twice).
     pub tx: u64,
@@ -199,6 +220,8 @@ pub struct Impairer {
     due: BinaryHeap<Reverse<(u64, u64, usize, usize)>>,
     held: VecDeque<Held>,
     seq: u64,
+    /// The bottleneck of each direction is busy until then (ns).
+    link_free_at: [u64; 2],
     pub stats: [DirStats; 2],
 }
 
@@ -212,6 +235,7 @@ impl Impairer {
             due: BinaryHeap::new(),
             held: VecDeque::new(),
             seq: 0,
+            link_free_at: [0; 2],
             stats: [DirStats::default(); 2],
         }
     }
@@ -284,6 +308,36 @@ impl Impairer {
             self.stats[dir].ce_marked += 1;
         }
         let mut at = now + self.cfg.delay_us * 1000;
+        if self.cfg.rate_mbit > 0.0 {
+            // Bytes still queued ahead of this frame at the bottleneck.
+            let bytes_per_ns = self.cfg.rate_mbit / 8000.0;
+            let free = self.link_free_at[dir].max(now);
+            let queued = ((free - now) as f64 * bytes_per_ns) as u64;
+            let len = frame.len().saturating_sub(prefix) as u64;
+            if queued + len > self.cfg.queue_bytes {
+                self.stats[dir].bottleneck_drops += 1;
+                self.free.push(b);
+                return;
+            }
+            self.stats[dir].queue_max_bytes = self.stats[dir].queue_max_bytes.max(queued + len);
+            let (kmin, kmax) = (
+                self.cfg.kmin_bytes,
+                self.cfg.kmax_bytes.max(self.cfg.kmin_bytes + 1),
+            );
+            let p = if queued <= kmin {
+                0.0
+            } else if queued >= kmax {
+                1.0
+            } else {
+                self.cfg.pmax * (queued - kmin) as f64 / (kmax - kmin) as f64
+            };
+            if p > 0.0 && self.rng.chance(p) && mark_ce(&mut self.bufs[b][prefix..]) {
+                self.stats[dir].ce_marked += 1;
+            }
+            let done = free + (len as f64 / bytes_per_ns) as u64;
+            self.link_free_at[dir] = done;
+            at = done + self.cfg.delay_us * 1000;
+        }
         if self.cfg.jitter_us > 0 {
             at += self.rng.below(self.cfg.jitter_us * 1000 + 1);
         }
@@ -390,6 +444,45 @@ mod tests {
             .count() as u64;
         assert_eq!(marked, imp.stats[0].ce_marked);
         assert!(marked > 50 && marked < 150, "{marked}");
+    }
+
+    #[test]
+    fn a_bottleneck_queues_marks_by_its_length_and_drops_when_full() {
+        // 100 Mbit/s, frames every 1 µs: ~85 B frames arrive at 680 Mbit/s,
+        // so the queue grows until it is full.
+        let mut imp = Impairer::new(ImpairConfig {
+            rate_mbit: 100.0,
+            queue_bytes: 20_000,
+            kmin_bytes: 2_000,
+            kmax_bytes: 10_000,
+            pmax: 0.5,
+            ..Default::default()
+        });
+        let mut out = Vec::new();
+        let f = roce_frame(0);
+        for k in 0..2000u64 {
+            imp.push(k * 1000, 0, &f, 0);
+            imp.drain(k * 1000, |_, x| out.push((k, x.to_vec())));
+        }
+        let st = imp.stats[0];
+        assert!(st.queue_max_bytes <= 20_000, "{st:?}");
+        assert!(st.bottleneck_drops > 0 && st.ce_marked > 0, "{st:?}");
+        // Frames leave at the bottleneck's rate: 100 Mbit/s is one frame
+        // of f.len() bytes every f.len() * 80 ns.
+        let per = f.len() as u64 * 80;
+        let n = out.len() as u64;
+        assert!(
+            (n as i64 - (2_000_000 / per) as i64).abs() <= 2,
+            "{n} frames out"
+        );
+        // Marks only once the queue passed kmin: the first frames are clean.
+        let marked = |x: &Vec<u8>| matches!(RoceRepr::parse(x).unwrap().0.ip, IpRepr::V4(ip) if ip.tos & 3 == 3);
+        assert!(out.iter().take(20).all(|(_, x)| !marked(x)));
+        // Every mark is on a frame that leaves (the rest of the queue too).
+        imp.drain(u64::MAX, |_, x| out.push((0, x.to_vec())));
+        let all_marked = out.iter().filter(|(_, x)| marked(x)).count() as u64;
+        assert_eq!(all_marked, st.ce_marked);
+        assert_eq!(out.len() as u64 + st.bottleneck_drops, 2000);
     }
 
     fn run(cfg: ImpairConfig, n: u32) -> (Vec<Vec<u8>>, Impairer) {

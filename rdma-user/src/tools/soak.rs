@@ -48,6 +48,8 @@ pub struct Options {
     /// Give up when no operation completes for this long.
     pub stall_timeout: Duration,
     pub progress: bool,
+    /// DCQCN's reaction point on this side's QP.
+    pub dcqcn: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -212,6 +214,10 @@ fn setup(
         crate::device::runner::pin_to_cpu(c);
     }
     let mut dev = Standalone::open(&o.iface, crate::io::xdp::XdpMode::Auto, true)?;
+    dev.dp.core.cc.params.enabled = o.dcqcn;
+    if let Some(s) = crate::io::hostnet::iface_speed(&o.iface) {
+        dev.dp.core.cc.params.line_rate = s;
+    }
     let pd = dev.dp.core.alloc_pd();
     let (addr, lkey, rkey) = dev.dp.core.reg_mr(pd, mr_len, Access::ALL)?;
     let cq = dev.dp.core.create_cq(8192)?;

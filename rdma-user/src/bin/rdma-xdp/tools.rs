@@ -121,6 +121,20 @@ pub struct RelayArgs {
     /// Probability of a CE mark (ECN congestion experienced) in the IP header.
     #[arg(long, default_value_t = 0.0)]
     pub ce: f64,
+    /// A bottleneck of this many Mbit/s per direction (0: none): RoCE
+    /// frames queue behind it, are CE-marked as the queue passes
+    /// --kmin-bytes (probability up to --pmax at --kmax-bytes, all beyond)
+    /// and dropped beyond --queue-bytes.
+    #[arg(long, default_value_t = 0.0)]
+    pub rate_mbit: f64,
+    #[arg(long, default_value_t = 256 * 1024)]
+    pub queue_bytes: u64,
+    #[arg(long, default_value_t = 20 * 1024)]
+    pub kmin_bytes: u64,
+    #[arg(long, default_value_t = 200 * 1024)]
+    pub kmax_bytes: u64,
+    #[arg(long, default_value_t = 0.2)]
+    pub pmax: f64,
     /// Added one-way delay, microseconds.
     #[arg(long, default_value_t = 0)]
     pub delay_us: u64,
@@ -171,6 +185,9 @@ pub struct SoakArgs {
     /// Fail when no operation completes for this many seconds.
     #[arg(long, default_value_t = 30)]
     pub stall_timeout: u64,
+    /// Turn DCQCN's reaction point off (CNPs are counted and ignored).
+    #[arg(long)]
+    pub no_dcqcn: bool,
 }
 
 pub fn bench(b: BenchArgs, g: &Global) -> Result<()> {
@@ -287,6 +304,11 @@ pub fn relay(r: RelayArgs, g: &Global) -> Result<()> {
         dup: r.dup,
         corrupt: r.corrupt,
         ce: r.ce,
+        rate_mbit: r.rate_mbit,
+        queue_bytes: r.queue_bytes,
+        kmin_bytes: r.kmin_bytes,
+        kmax_bytes: r.kmax_bytes,
+        pmax: r.pmax,
         delay_us: r.delay_us,
         jitter_us: r.jitter_us,
         reorder_gap: r.reorder_gap,
@@ -326,6 +348,7 @@ pub fn soak(a: SoakArgs, json_file: Option<PathBuf>) -> Result<()> {
         connect_timeout: Duration::from_secs(a.peer_timeout),
         stall_timeout: Duration::from_secs(a.stall_timeout),
         progress: true,
+        dcqcn: !a.no_dcqcn,
     };
     let (out, clean) = if o.server.is_some() {
         let r = rdma_user::tools::soak::run(&o)?;
