@@ -102,8 +102,8 @@ fn write(a: &mut Host, b: &Host, id: u64, len: u32) {
 /// the IPv4 checksum is redone).
 fn mark_ce(f: &[u8]) -> Vec<u8> {
     let (mut r, l) = RoceRepr::parse(f).unwrap();
-    let IpRepr::V4(ip) = &mut r.ip else { panic!() };
-    ip.tos |= 3;
+    assert!(matches!(r.ip, IpRepr::V4(_)));
+    r.ip.set_traffic_class(r.ip.traffic_class() | 3);
     let mut out = vec![0u8; f.len()];
     let n = r.emit(&f[l.payload.clone()], &mut out).unwrap();
     out.truncate(n);
@@ -112,10 +112,7 @@ fn mark_ce(f: &[u8]) -> Vec<u8> {
 }
 
 fn ecn_of(f: &[u8]) -> u8 {
-    match RoceRepr::parse(f).unwrap().0.ip {
-        IpRepr::V4(ip) => ip.tos,
-        IpRepr::V6(ip) => ip.traffic_class,
-    }
+    RoceRepr::parse(f).unwrap().0.ip.traffic_class()
 }
 
 #[test]

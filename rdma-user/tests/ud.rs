@@ -24,7 +24,6 @@ struct Host {
     core: Core,
     qp: u32,
     cq: u32,
-    pd: u32,
     addr: u64,
     lkey: u32,
     ip: Ipv4Addr,
@@ -51,7 +50,6 @@ fn host(seed: u64, last: u8, skip: usize) -> Host {
         core,
         qp,
         cq,
-        pd,
         addr,
         lkey,
         ip: Ipv4Addr::new(10, 99, 0, last),
@@ -74,7 +72,7 @@ fn ah_to(x: &mut Host, y: &Host) -> u32 {
         peer_ip: IpAddr::V4(y.ip),
         vlan: None,
     };
-    x.core.create_ah(x.pd, path).unwrap()
+    x.core.create_ah(path).unwrap()
 }
 
 fn write(h: &mut Host, off: usize, data: &[u8]) {

@@ -462,7 +462,7 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
                 .map_err(|_| anyhow!("--remote-ip '{remote_ip}' is not an IP address"))?;
             let path = resolve_path(ctl, peer, remote_mac).await?;
             ctl.run(move |dp| {
-                let ah = dp.core.create_ah(1, path)?;
+                let ah = dp.core.create_ah(path)?;
                 Ok(json!({"ah": ah, "peer_ip": peer.to_string(), "peer_mac": hostnet::fmt_mac(&path.peer_mac)}))
             })
             .await

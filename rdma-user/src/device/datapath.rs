@@ -307,41 +307,14 @@ impl Default for CcConfig {
     }
 }
 
-/// ECT(0) in the ECN field of a header template, or not.
-fn set_ecn(net: &mut RoceRepr, ect: bool) {
-    let e = if ect { 0b10 } else { 0 };
-    match &mut net.ip {
-        IpRepr::V4(ip) => ip.tos = (ip.tos & !3) | e,
-        IpRepr::V6(ip) => ip.traffic_class = (ip.traffic_class & !3) | e,
-    }
-}
-
-/// Whether a received frame's IP header carries CE (ECN 0b11).
-fn is_ce(ip: &IpRepr) -> bool {
-    match ip {
-        IpRepr::V4(ip) => ip.tos & 3 == 3,
-        IpRepr::V6(ip) => ip.traffic_class & 3 == 3,
-    }
-}
-
 /// Emits a CNP's network headers: the CNP DSCP, Not-ECT; the template's
-/// own TOS is restored after.
+/// own traffic class is restored after.
 fn emit_cnp(net: &mut RoceRepr, dscp: u8, buf: &mut [u8], tl: usize) -> Result<usize, WireError> {
-    let saved = net.ip;
-    match &mut net.ip {
-        IpRepr::V4(ip) => ip.tos = dscp << 2,
-        IpRepr::V6(ip) => ip.traffic_class = dscp << 2,
-    }
+    let saved = net.ip.traffic_class();
+    net.ip.set_traffic_class(dscp << 2);
     let r = net.emit_net_and_icrc(buf, tl);
-    net.ip = saved;
+    net.ip.set_traffic_class(saved);
     r
-}
-
-/// An address handle: where UD sends to it go.
-struct AhSlot {
-    pd: u32,
-    path: Path,
-    net: RoceRepr,
 }
 
 /// Engine state of one device (QPs, MRs, CQs), without the sockets. Split
@@ -352,7 +325,7 @@ pub struct Core {
     qps: crate::memory::KeyMap<QpSlot>,
     cqs: HashMap<u32, CqRing>,
     /// Address handles: the network headers of a UD destination.
-    ahs: HashMap<u32, AhSlot>,
+    ahs: HashMap<u32, RoceRepr>,
     next_ah: u32,
     next_qpn: u32,
     next_cq: u32,
@@ -583,21 +556,32 @@ impl Core {
         Ok(())
     }
 
-    /// An address handle in `pd` for UD sends to the peer of `path`.
-    pub fn create_ah(&mut self, pd: u32, path: Path) -> Result<u32> {
+    /// The network headers of a QP pair's packets on `path`, ECT(0) in
+    /// their ECN field when ECN is on.
+    fn template(&self, path: &Path, lqpn: u32, rqpn: u32) -> Result<RoceRepr> {
+        let mut net = path.template(lqpn, rqpn)?;
+        let tc = net.ip.traffic_class() & !3;
+        net.ip
+            .set_traffic_class(tc | if self.cc.ecn { 0b10 } else { 0 });
+        Ok(net)
+    }
+
+    /// An address handle for UD sends to the peer of `path`. (Its PD is
+    /// the verbs layer's to keep: the engine, as rxe, does not check a UD
+    /// WR's AH against the QP's PD.)
+    pub fn create_ah(&mut self, path: Path) -> Result<u32> {
         if self.ahs.len() >= self.limits.max_ah {
             return Err(DeviceError::AhLimit(self.limits.max_ah));
         }
         // The QPNs of the template do not matter: a UD packet's UDP source
         // port is its sending QP's, set per packet.
-        let mut net = path.template(0, 0)?;
-        set_ecn(&mut net, self.cc.ecn);
+        let net = self.template(&path, 0, 0)?;
         let mut ah = self.next_ah;
         while ah == 0 || self.ahs.contains_key(&ah) {
             ah = ah.wrapping_add(1);
         }
         self.next_ah = ah.wrapping_add(1);
-        self.ahs.insert(ah, AhSlot { pd, path, net });
+        self.ahs.insert(ah, net);
         Ok(ah)
     }
 
@@ -606,11 +590,6 @@ impl Core {
             .remove(&ah)
             .map(|_| ())
             .ok_or(DeviceError::NoAh(ah))
-    }
-
-    /// The PD and path of an address handle.
-    pub fn ah(&self, ah: u32) -> Option<(u32, Path)> {
-        self.ahs.get(&ah).map(|a| (a.pd, a.path))
     }
 
     pub fn qp(&self, qpn: u32) -> Option<&QpEngine> {
@@ -713,10 +692,9 @@ impl Core {
 
     /// Sets the network path of a QP (before RTR).
     pub fn set_path(&mut self, qpn: u32, path: Path) -> Result<()> {
+        let rqpn = self.qp(qpn).ok_or(DeviceError::NoQp(qpn))?.dest_qpn();
+        let net = self.template(&path, qpn, rqpn)?;
         let slot = self.qps.get_mut(&qpn).ok_or(DeviceError::NoQp(qpn))?;
-        let rqpn = slot.qp.dest_qpn();
-        let mut net = path.template(qpn, rqpn)?;
-        set_ecn(&mut net, self.cc.ecn);
         slot.net = Some(net);
         slot.path = Some(path);
         Ok(())
@@ -748,11 +726,8 @@ impl Core {
             max_rd_atomic: Some(c.max_rd_atomic),
             ..Default::default()
         })?;
-        let mut net = path.template(qpn, c.remote_qpn)?;
-        set_ecn(&mut net, self.cc.ecn);
-        slot.net = Some(net);
-        slot.path = Some(path);
-        Ok(())
+        // RTR named the peer QP: the headers follow from it.
+        self.set_path(qpn, path)
     }
 
     pub fn post_send(&mut self, qpn: u32, wr: &SendWr) -> Result<()> {
@@ -805,7 +780,8 @@ impl Core {
             }
         }
         let payload = &frame[layout.payload.clone()];
-        if is_ce(&repr.ip) {
+        if repr.ip.traffic_class() & 3 == 3 {
+            // CE (ECN 11): the notification point decides on a CNP.
             slot.qp.handle_ce(now, &repr.transport);
         }
         if slot.qp.qp_type() == QpType::Ud {
@@ -920,7 +896,7 @@ impl Core {
                     Some(ah) => self
                         .ahs
                         .get(&ah)
-                        .map_or(MAX_NET_HEADER_LEN, |a| a.net.net_header_len()),
+                        .map_or(MAX_NET_HEADER_LEN, |n| n.net_header_len()),
                     None => continue,
                 },
             };
@@ -931,10 +907,16 @@ impl Core {
             if let Some(tx) = slot.qp.poll_transmit(now, &self.mem, &mut buf[hl..]) {
                 let net = match tx.ah {
                     None => slot.net.as_mut(),
-                    Some(ah) => self.ahs.get_mut(&ah).map(|a| {
-                        a.net.udp.src_port = udp_sport_for_ud(qpn);
-                        &mut a.net
-                    }),
+                    Some(ah) => {
+                        let n = self.ahs.get_mut(&ah);
+                        if let Some(n) = n {
+                            // A UD packet's UDP port is its sending QP's.
+                            n.udp.src_port = udp_sport_for_ud(qpn);
+                            Some(n)
+                        } else {
+                            None
+                        }
+                    }
                 };
                 let Some(net) = net else {
                     self.stats.tx_no_ah += 1;

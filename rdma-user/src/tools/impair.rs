@@ -439,7 +439,7 @@ mod tests {
             .iter()
             .filter(|f| {
                 let (r, _) = RoceRepr::parse(f).expect("checksum and ICRC still good");
-                matches!(r.ip, IpRepr::V4(ip) if ip.tos & 3 == 3)
+                r.ip.traffic_class() & 3 == 3
             })
             .count() as u64;
         assert_eq!(marked, imp.stats[0].ce_marked);
@@ -476,7 +476,7 @@ mod tests {
             "{n} frames out"
         );
         // Marks only once the queue passed kmin: the first frames are clean.
-        let marked = |x: &Vec<u8>| matches!(RoceRepr::parse(x).unwrap().0.ip, IpRepr::V4(ip) if ip.tos & 3 == 3);
+        let marked = |x: &Vec<u8>| RoceRepr::parse(x).unwrap().0.ip.traffic_class() & 3 == 3;
         assert!(out.iter().take(20).all(|(_, x)| !marked(x)));
         // Every mark is on a frame that leaves (the rest of the queue too).
         imp.drain(u64::MAX, |_, x| out.push((0, x.to_vec())));

@@ -311,6 +311,9 @@ pub struct QpEngine {
     pub(super) qpn: u32,
     pub(super) pd: u32,
     pub(super) qp_type: QpType,
+    /// The MTU the QP was created with (UD's message limit; an RC QP's
+    /// path MTU until RTR sets one). A reset returns to it.
+    pub(super) port_mtu: u32,
     pub(super) qkey: u32,
     pub(super) state: QpState,
     pub(super) cap_send: usize,
@@ -386,10 +389,12 @@ impl QpEngine {
         let cap_send = cap.max_send_wr.max(1) as usize;
         let cap_recv = cap.max_recv_wr.max(1) as usize;
         let ud = qp_type == QpType::Ud;
+        let port_mtu = if mtu_ok(port_mtu) { port_mtu } else { 1024 };
         QpEngine {
             qpn: qpn & MASK_24,
             pd,
             qp_type,
+            port_mtu,
             qkey: 0,
             state: QpState::Reset,
             cap_send,
@@ -397,7 +402,7 @@ impl QpEngine {
             pkey: 0xffff,
             access: Access(0),
             dest_gid: [0; 16],
-            mtu: if mtu_ok(port_mtu) { port_mtu } else { 1024 },
+            mtu: port_mtu,
             dest_qpn: 0,
             timeout: 14,
             retry_cnt: 7,
@@ -708,7 +713,7 @@ impl QpEngine {
             max_recv_wr: self.cap_recv as u32,
         };
         let cc = self.cc.p;
-        *self = QpEngine::with_type(qpn, pd, cap, self.qp_type, self.mtu);
+        *self = QpEngine::with_type(qpn, pd, cap, self.qp_type, self.port_mtu);
         self.cc = dcqcn::Dcqcn::new(cc);
     }
 

@@ -338,8 +338,7 @@ impl Pd {
 
     /// An address handle: UD sends naming it go to the peer of `path`.
     pub fn create_ah(&self, path: Path) -> Result<Ah> {
-        let pdn = self.pdn;
-        let handle = self.ctx.call(move |dp| dp.core.create_ah(pdn, path))?;
+        let handle = self.ctx.call(move |dp| dp.core.create_ah(path))?;
         Ok(Ah {
             ctx: self.ctx.clone(),
             handle,

@@ -158,6 +158,22 @@ impl IpRepr {
         }
     }
 
+    /// The traffic class byte: IPv4's TOS, IPv6's traffic class (DSCP in
+    /// the high six bits, ECN in the low two).
+    pub fn traffic_class(&self) -> u8 {
+        match self {
+            IpRepr::V4(r) => r.tos,
+            IpRepr::V6(r) => r.traffic_class,
+        }
+    }
+
+    pub fn set_traffic_class(&mut self, v: u8) {
+        match self {
+            IpRepr::V4(r) => r.tos = v,
+            IpRepr::V6(r) => r.traffic_class = v,
+        }
+    }
+
     /// Source address as a 16-byte GID (IPv4 mapped as `::ffff:a.b.c.d`).
     pub fn src_gid(&self) -> [u8; 16] {
         match self {
