@@ -155,8 +155,6 @@ struct Qp {
     events_acked: AtomicU32,
     /// The SRQ its receive WRs come from (ibv_post_recv is EINVAL then).
     srq: Option<&'static crate::srq::Srq>,
-    /// UD: the Q_Key last set (for ibv_query_qp).
-    qkey: AtomicU32,
 }
 
 /// The live QP `qpn` of `context`, counted as having one more event out.
@@ -821,7 +819,6 @@ unsafe fn create_qp(
                     events_reported: AtomicU32::new(0),
                     events_acked: AtomicU32::new(0),
                     srq,
-                    qkey: AtomicU32::new(0),
                 }));
                 if let Some(sq) = srq {
                     sq.users.fetch_add(1, Ordering::AcqRel);
@@ -1046,9 +1043,6 @@ pub unsafe extern "C" fn ibv_modify_qp(
         if let Err(e) = i.modify(&qa) {
             return e.errno();
         }
-        if let Some(k) = qa.qkey {
-            q.qkey.store(k, Ordering::Relaxed);
-        }
         if let Some(p) = path {
             if let Err(e) = i.set_path(p) {
                 return e.errno();
@@ -1080,20 +1074,20 @@ pub unsafe extern "C" fn ibv_query_qp(
     if attr.is_null() || init_attr.is_null() {
         return libc::EINVAL;
     }
-    let state = q
-        .inner
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
+    let inner = q.inner.lock().unwrap_or_else(|e| e.into_inner());
+    let state = inner
         .as_ref()
         .and_then(|i| i.state().ok())
         .map(ibv_state)
         .unwrap_or(IBV_QPS_ERR);
+    let qkey = inner.as_ref().and_then(|i| i.qkey().ok()).unwrap_or(0);
+    drop(inner);
     let a = ibv_qp_attr {
         qp_state: state,
         cur_qp_state: state,
         cap: q.cap,
         port_num: 1,
-        qkey: q.qkey.load(Ordering::Relaxed),
+        qkey,
         ..Default::default()
     };
     let ia = ibv_qp_init_attr {

@@ -535,11 +535,20 @@ impl Qp {
     }
 
     pub fn state(&self) -> Result<QpState> {
+        self.query(|q| q.state())
+    }
+
+    /// UD: the Q_Key datagrams must carry.
+    pub fn qkey(&self) -> Result<u32> {
+        self.query(|q| q.qkey())
+    }
+
+    fn query<R: Send + 'static>(&self, f: fn(&crate::transport::QpEngine) -> R) -> Result<R> {
         let qpn = self.qpn;
         self.ctx.call(move |dp| -> Result<_> {
             dp.core
                 .qp(qpn)
-                .map(|q| q.state())
+                .map(f)
                 .ok_or(Error::Device(DeviceError::NoQp(qpn)))
         })
     }
