@@ -138,10 +138,7 @@ pub fn run(opts: UpOptions) -> Result<()> {
     );
     let mac = hostnet::iface_mac(&iface)?;
     let mut dp = DataPath::new(xsks, opts.limits);
-    dp.core.cc = opts.cc;
-    if let Some(s) = hostnet::iface_speed(&iface) {
-        dp.core.cc.params.line_rate = s;
-    }
+    dp.core.set_cc(opts.cc, &iface);
     let stop = Arc::new(AtomicBool::new(false));
     let (jtx, jrx) = mpsc::channel::<Job>();
     let dp_thread = {

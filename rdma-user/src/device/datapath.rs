@@ -556,6 +556,16 @@ impl Core {
         Ok(())
     }
 
+    /// ECN and DCQCN for the QPs and AHs made from now on, with the line
+    /// rate DCQCN recovers to taken from `iface`'s link speed (when it has
+    /// one).
+    pub fn set_cc(&mut self, cc: CcConfig, iface: &str) {
+        self.cc = cc;
+        if let Some(s) = crate::io::hostnet::iface_speed(iface) {
+            self.cc.params.line_rate = s;
+        }
+    }
+
     /// The network headers of a QP pair's packets on `path`, ECT(0) in
     /// their ECN field when ECN is on.
     fn template(&self, path: &Path, lqpn: u32, rqpn: u32) -> Result<RoceRepr> {

@@ -214,10 +214,9 @@ fn setup(
         crate::device::runner::pin_to_cpu(c);
     }
     let mut dev = Standalone::open(&o.iface, crate::io::xdp::XdpMode::Auto, true)?;
-    dev.dp.core.cc.params.enabled = o.dcqcn;
-    if let Some(s) = crate::io::hostnet::iface_speed(&o.iface) {
-        dev.dp.core.cc.params.line_rate = s;
-    }
+    let mut cc = crate::device::datapath::CcConfig::default();
+    cc.params.enabled = o.dcqcn;
+    dev.dp.core.set_cc(cc, &o.iface);
     let pd = dev.dp.core.alloc_pd();
     let (addr, lkey, rkey) = dev.dp.core.reg_mr(pd, mr_len, Access::ALL)?;
     let cq = dev.dp.core.create_cq(8192)?;

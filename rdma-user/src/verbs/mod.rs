@@ -154,10 +154,7 @@ impl Context {
         );
         dp.core.doorbell = Some(doorbell.clone());
         dp.core.async_events = opts.events.clone();
-        dp.core.cc = opts.cc;
-        if let Some(s) = crate::io::hostnet::iface_speed(iface) {
-            dp.core.cc.params.line_rate = s;
-        }
+        dp.core.set_cc(opts.cc, iface);
         let stop = Arc::new(AtomicBool::new(false));
         let dp = Arc::new(Mutex::new(dp));
         let thread = {
