@@ -683,6 +683,21 @@ fn library_ours(tool_args: &str, server: Option<&str>) -> Vec<String> {
     v
 }
 
+/// A pingpong tool of ibverbs-utils (`tool ARGS`, with `-n n` among them)
+/// on both sides: rxe's in the VM, Debian's on ours over the library; both
+/// must report their n iterations.
+fn library_pingpong(prefix: &str, tool: &str, args: &str, n: u32, rxe_server: bool) -> Case {
+    let role = if rxe_server { "server" } else { "client" };
+    let mut c = pingpong_case(prefix, 0, n, rxe_server, false);
+    c.name = format!("{prefix}{tool} {args}, rxe {role}");
+    c.rxe = format!(
+        "{tool} -d rxe0 {args}{}",
+        if rxe_server { "" } else { " 10.99.0.1" }
+    );
+    c.ours = library_ours(&format!("{tool} {args}"), rxe_server.then_some("10.99.0.2"));
+    c
+}
+
 /// rc_pingpong and perftest on both sides: rxe's in the VM, Debian's on
 /// our side over the drop-in libibverbs.
 pub(crate) fn library_cases(quick: bool) -> Vec<Case> {
@@ -707,19 +722,13 @@ pub(crate) fn library_cases(quick: bool) -> Vec<Case> {
     // ibv_srq_pingpong: 16 RC QPs sharing one SRQ on each side.
     if !quick {
         for rxe_server in [true, false] {
-            let role = if rxe_server { "server" } else { "client" };
-            let args = "-g 1 -q 16 -s 4096 -n 20 -c";
-            let mut c = pingpong_case("libibverbs: ", 4096, 20, rxe_server, false);
-            c.name = format!("libibverbs: ibv_srq_pingpong {args}, rxe {role}");
-            c.rxe = format!(
-                "ibv_srq_pingpong -d rxe0 {args}{}",
-                if rxe_server { "" } else { " 10.99.0.1" }
-            );
-            c.ours = library_ours(
-                &format!("ibv_srq_pingpong {args}"),
-                rxe_server.then_some("10.99.0.2"),
-            );
-            v.push(c);
+            v.push(library_pingpong(
+                "libibverbs: ",
+                "ibv_srq_pingpong",
+                "-g 1 -q 16 -s 4096 -n 20 -c",
+                20,
+                rxe_server,
+            ));
         }
     }
     v.extend(ud_cases(quick));
@@ -796,19 +805,14 @@ pub(crate) fn ud_cases(quick: bool) -> Vec<Case> {
     };
     for args in pp {
         for rxe_server in [true, false] {
-            let role = if rxe_server { "server" } else { "client" };
             let args = format!("-g 1 {args}");
-            let mut c = pingpong_case("ud: ", 1024, 50, rxe_server, false);
-            c.name = format!("ud: ibv_ud_pingpong {args}, rxe {role}");
-            c.rxe = format!(
-                "ibv_ud_pingpong -d rxe0 {args}{}",
-                if rxe_server { "" } else { " 10.99.0.1" }
-            );
-            c.ours = library_ours(
-                &format!("ibv_ud_pingpong {args}"),
-                rxe_server.then_some("10.99.0.2"),
-            );
-            v.push(c);
+            v.push(library_pingpong(
+                "ud: ",
+                "ibv_ud_pingpong",
+                &args,
+                50,
+                rxe_server,
+            ));
         }
     }
     if quick {
