@@ -528,7 +528,15 @@ impl Qp {
     /// Destroys the QP; its outstanding WRs complete with flush errors.
     pub fn destroy(self) -> Result<()> {
         let qpn = self.qpn;
-        self.ctx.call(move |dp| dp.core.destroy_qp(qpn))
+        self.ctx.call(move |dp| {
+            // A program may see a receive complete before the data path
+            // has sent that message's ACK (a NIC sends it first) and
+            // destroy the QP at once, as rc_pingpong does after its last
+            // iteration: one turn of the data path sends what is due, or
+            // the peer's SEND would retry until RETRY_EXC_ERR.
+            dp.poll_flushed();
+            dp.core.destroy_qp(qpn)
+        })
     }
 
     pub fn state(&self) -> Result<QpState> {
