@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use rdma_user::device::datapath::{Connect, Core, Limits, Path};
 use rdma_user::device::standalone::NO_WC;
 use rdma_user::memory::Access;
-use rdma_user::transport::{QpCap, SendWr, Sge, WcStatus, WrOpcode};
+use rdma_user::transport::{QpCap, QpStats, SendWr, Sge, WcStatus, WrOpcode};
 use rdma_user::wire::{opcode, udp_sport_for_qps, IpRepr, RoceRepr, TransportRepr};
 
 const MR_LEN: usize = 1 << 20;
@@ -169,11 +169,14 @@ fn a_ce_mark_brings_a_cnp_of_the_annex_format_and_the_sender_slows_down() {
     let n = a.core.cq_mut(a.cq).unwrap().poll(&mut w);
     assert!(w[..n].iter().all(|w| w.status == WcStatus::Success) && n == 2);
 
-    // Paced: a 4-packet WRITE leaves one packet per 1 KiB at 5 Gbit/s
-    // (about 1.7 µs), and the data path is told when the next may go.
-    write(&mut a, &b, 3, 4096);
+    // Paced: at 5 Gbit/s a 1 KiB packet takes about 1.7 µs. Idle since
+    // time 0, the QP may catch up on the 30 µs since (pacing's slack is
+    // 200 µs): about 17 packets of a 48-packet WRITE leave at once, then
+    // one per 1.7 µs, and the data path is told when the next may go.
+    write(&mut a, &b, 3, 48 * 1024);
     let now = 30_000;
-    assert_eq!(frames(&mut a, now).len(), 1);
+    let burst = frames(&mut a, now).len();
+    assert!((15..=19).contains(&burst), "{burst}");
     let next = a.core.handle_timers(now).expect("a pacing deadline");
     assert!(next > now && next < now + 5_000, "{}", next - now);
     assert!(frames(&mut a, next - 1).is_empty());
@@ -226,4 +229,49 @@ fn the_legacy_cnp_opcode_is_accepted_and_the_reaction_point_can_be_off() {
     let s = q.stats();
     assert_eq!((s.rp_cnp_handled, s.rp_cnp_ignored), (0, 1));
     assert!(!q.cc().limiting());
+}
+
+/// `rdma-xdp top` shows RTT percentiles: one sample per round trip, never
+/// across a resend (Karn's rule).
+#[test]
+fn round_trip_times_are_sampled_and_never_across_a_resend() {
+    let (mut a, mut b) = pair(true);
+    write(&mut a, &b, 1, 512);
+    let f = frames(&mut a, 1_000);
+    b.core.handle_frame(5_000, &f[0]);
+    for x in frames(&mut b, 5_000) {
+        a.core.handle_frame(11_000, &x);
+    }
+    let s = a.core.qp(a.qp).unwrap().stats();
+    // 10 µs: the bucket [8, 16) µs.
+    assert_eq!(s.rtt_log2_us.iter().sum::<u64>(), 1);
+    assert_eq!(s.rtt_log2_us[4], 1);
+    assert_eq!(
+        (s.rtt_quantile_us(0.5), s.rtt_quantile_us(0.99)),
+        (Some(16), Some(16))
+    );
+
+    // A WRITE whose first transmission is lost is resent after the ACK
+    // timeout; the ACK of the resend is no sample.
+    write(&mut a, &b, 2, 512);
+    assert_eq!(frames(&mut a, 20_000).len(), 1);
+    let late = 20_000_000_000;
+    a.core.handle_timers(late);
+    let resent = frames(&mut a, late);
+    assert_eq!(resent.len(), 1, "the resend");
+    assert_eq!(a.core.qp(a.qp).unwrap().stats().retransmits, 1);
+    b.core.handle_frame(late, &resent[0]);
+    for x in frames(&mut b, late) {
+        a.core.handle_frame(late + 10_000, &x);
+    }
+    let mut w = [NO_WC; 4];
+    let n = a.core.cq_mut(a.cq).unwrap().poll(&mut w);
+    assert!(n == 2 && w[..n].iter().all(|w| w.status == WcStatus::Success));
+    let s = a.core.qp(a.qp).unwrap().stats();
+    assert_eq!(
+        s.rtt_log2_us.iter().sum::<u64>(),
+        1,
+        "no sample across the resend"
+    );
+    assert_eq!(QpStats::default().rtt_quantile_us(0.5), None);
 }

@@ -8,10 +8,11 @@
 //!   rxe in VMs of the project's own (`rxevm`, beside this crate).
 //!
 //! One module per command (demo, test, interop, pair, vm, bench, soak,
-//! setup) and the shared lab helpers (`lab`); the namespaces come from
+//! congestion, setup) and the shared lab helpers (`lab`); the namespaces come from
 //! `netlab`, the rxe VMs from `rxevm`.
 
 mod bench;
+mod congestion;
 mod demo;
 mod interop;
 mod lab;
@@ -89,6 +90,30 @@ enum Cmd {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// Congestion test bed: N senders, a switch whose port to one receiver
+    /// is a CE-marking bottleneck, DCQCN on and off, in four scenarios
+    /// (stagger, incast, departure, no_congestion); writes
+    /// target/congestion/results.json, summary.md and a plot per scenario.
+    Congestion {
+        /// Half-length scenarios.
+        #[arg(long)]
+        quick: bool,
+        /// The bottleneck, Mbit/s.
+        #[arg(long, default_value_t = 400.0)]
+        rate_mbit: f64,
+        /// Seed of the bottleneck's marking.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// A DCQCN tunable on top of the test bed's (mlx5 name=value). Repeatable.
+        #[arg(long = "cc", value_name = "NAME=VALUE")]
+        cc: Vec<String>,
+        /// The paper's timers and increase steps instead of the test bed's.
+        #[arg(long)]
+        paper: bool,
+        /// Only the scenarios whose name contains this.
+        #[arg(long)]
+        only: Option<String>,
+    },
     /// Build and run `rdma-xdp` with these arguments.
     Run {
         #[arg(long)]
@@ -165,6 +190,23 @@ fn main() {
         }),
         Cmd::Bench { quick } => prereqs(true, false).and_then(|_| bench(quick)),
         Cmd::Soak { ops, seed } => prereqs(true, false).and_then(|_| soak(ops, seed)),
+        Cmd::Congestion {
+            quick,
+            rate_mbit,
+            seed,
+            cc,
+            paper,
+            only,
+        } => prereqs(true, false).and_then(|_| {
+            congestion::congestion(&congestion::Options {
+                quick,
+                rate_mbit,
+                seed,
+                cc,
+                paper,
+                only,
+            })
+        }),
         Cmd::Run { release, args } => prereqs(false, false).and_then(|_| run(release, &args)),
         Cmd::Verbs { release } => ibverbs_so::build(&root(), release)
             .map(|d| println!("{}", d.display()))

@@ -563,7 +563,11 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
                             "peer": path.map(|p| p.peer_ip.to_string()),
                             "sq": qp.send_queue_len(), "rq": qp.recv_queue_len(),
                             "stats": {
-                                "tx": s.tx_packets, "rx": s.rx_packets, "retransmits": s.retransmits,
+                                "tx": s.tx_packets, "rx": s.rx_packets,
+                                "tx_bytes": s.tx_bytes, "rx_bytes": s.rx_bytes,
+                                "retransmits": s.retransmits,
+                                "seq_naks_received": s.seq_naks_received,
+                                "rnr_naks_received": s.rnr_naks_received,
                                 "timeouts": s.timeouts, "seq_naks_sent": s.seq_naks_sent,
                                 "rnr_naks_sent": s.rnr_naks_sent, "duplicates": s.duplicates_received,
                                 "out_of_sequence": s.out_of_sequence_received,
@@ -575,6 +579,10 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
                                 "np_ecn_marked_roce_packets": s.np_ecn_marked_roce_packets,
                                 "np_cnp_sent": s.np_cnp_sent, "rp_cnp_handled": s.rp_cnp_handled,
                                 "rp_cnp_ignored": s.rp_cnp_ignored
+                            },
+                            "rtt_us": {
+                                "p50": s.rtt_quantile_us(0.5), "p99": s.rtt_quantile_us(0.99),
+                                "samples": s.rtt_log2_us.iter().sum::<u64>()
                             },
                             "dcqcn": {
                                 "rate_mbps": qp.cc().rc, "target_mbps": qp.cc().rt,

@@ -110,6 +110,56 @@ impl RawSocket {
         Ok(Some((n as usize).min(buf.len())))
     }
 
+    /// Asks the kernel to stamp every received frame with its arrival time
+    /// (see [`RawSocket::try_recv_stamped`]).
+    pub fn enable_timestamps(&self) -> io::Result<()> {
+        setsockopt_int(self.fd(), libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)
+    }
+
+    /// Like `try_recv`, and the frame's arrival time (Unix ns, the kernel's
+    /// stamp) when timestamps are on: a program that reads frames late and
+    /// in batches still knows when each one came.
+    pub fn try_recv_stamped(&self, buf: &mut [u8]) -> io::Result<Option<(usize, Option<u64>)>> {
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr() as *mut _,
+            iov_len: buf.len(),
+        };
+        // Room for one control message carrying a timespec.
+        let mut cbuf = [0u64; 8];
+        // SAFETY: an all-zero msghdr is valid; the pointers are set below.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr() as *mut _;
+        msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+        // SAFETY: msg points at iov (valid for buf's length) and cbuf, both
+        // alive for the call.
+        let n = unsafe { libc::recvmsg(self.fd(), &mut msg, libc::MSG_DONTWAIT | libc::MSG_TRUNC) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::WouldBlock {
+                return Ok(None);
+            }
+            return Err(e);
+        }
+        let mut stamp = None;
+        // SAFETY: the CMSG_* helpers walk the control buffer the kernel
+        // filled, within msg_controllen; the payload of SCM_TIMESTAMPNS is
+        // a timespec, read unaligned.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
+                    let ts: libc::timespec =
+                        std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::timespec);
+                    stamp = Some(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64);
+                }
+                c = libc::CMSG_NXTHDR(&msg, c);
+            }
+        }
+        Ok(Some(((n as usize).min(buf.len()), stamp)))
+    }
+
     /// Sends one frame (with its virtio-net header when bound with one).
     /// Retries briefly when the socket buffer is full, so nothing is lost
     /// that the caller did not mean to lose.

@@ -374,6 +374,15 @@ impl Impairer {
         }
     }
 
+    /// Bytes queued at the bottleneck of direction `dir` at `now`.
+    pub fn queued_bytes(&self, dir: usize, now: u64) -> u64 {
+        let free = self.link_free_at[dir & 1];
+        if self.cfg.rate_mbit <= 0.0 || free <= now {
+            return 0;
+        }
+        ((free - now) as f64 * self.cfg.rate_mbit / 8000.0) as u64
+    }
+
     /// The earliest time something is due.
     pub fn next_deadline(&self) -> Option<u64> {
         let d = self.due.peek().map(|Reverse((t, ..))| *t);

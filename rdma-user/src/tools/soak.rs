@@ -116,24 +116,25 @@ impl ServerReport {
     }
 }
 
+/// One side's connection details on the side channel (soak and flow).
 #[derive(Serialize, Deserialize)]
-struct Hello {
-    qpn: u32,
-    psn: u32,
-    ip: IpAddr,
-    rkey: u32,
-    vaddr: u64,
+pub(crate) struct Hello {
+    pub(crate) qpn: u32,
+    pub(crate) psn: u32,
+    pub(crate) ip: IpAddr,
+    pub(crate) rkey: u32,
+    pub(crate) vaddr: u64,
 }
 
 /// Lines from the (non-blocking) side channel, assembled across reads.
 #[derive(Default)]
-struct LineReader {
+pub(crate) struct LineReader {
     buf: Vec<u8>,
 }
 
 impl LineReader {
     /// One complete line if one has arrived; never blocks.
-    fn poll(&mut self, s: &mut TcpStream) -> Result<Option<String>> {
+    pub(crate) fn poll(&mut self, s: &mut TcpStream) -> Result<Option<String>> {
         loop {
             if let Some(i) = self.buf.iter().position(|&c| c == b'\n') {
                 let line: Vec<u8> = self.buf.drain(..=i).take(i).collect();
@@ -152,7 +153,7 @@ impl LineReader {
 
 /// A JSON line over the side channel, read while the data path keeps
 /// running (the peer may need our ACKs to finish).
-fn read_line_polling(
+pub(crate) fn read_line_polling(
     s: &mut TcpStream,
     lines: &mut LineReader,
     dev: &mut Standalone,
@@ -174,7 +175,7 @@ fn read_line_polling(
 
 /// Writes one JSON line. The socket is non-blocking, but lines are a few
 /// hundred bytes, far below the send buffer.
-fn send_line<T: Serialize>(s: &mut TcpStream, v: &T) -> Result<()> {
+pub(crate) fn send_line<T: Serialize>(s: &mut TcpStream, v: &T) -> Result<()> {
     let mut l = serde_json::to_vec(v)?;
     l.push(b'\n');
     s.write_all(&l)?;
@@ -186,6 +187,21 @@ fn send_payload(seed: u64, seq: u64, out: &mut [u8]) {
     let n = out.len().min(8);
     out[..n].copy_from_slice(&seq.to_le_bytes()[..n]);
     Rng(seed ^ seq.wrapping_mul(0x2545_f491_4f6c_dd1d)).fill(&mut out[n..]);
+}
+
+/// The path from `dev` to `peer_ip` (its MAC from the neighbour table,
+/// resolved if missing); refused if the peer's address is our own.
+pub(crate) fn path_to(dev: &Standalone, local_ip: IpAddr, peer_ip: IpAddr) -> Result<Path> {
+    if gid_of(local_ip) == gid_of(peer_ip) {
+        bail!("peer address {peer_ip} is our own");
+    }
+    Ok(Path {
+        local_mac: dev.mac,
+        peer_mac: hostnet::resolve_mac(&dev.iface, peer_ip, Duration::from_secs(3))?,
+        local_ip,
+        peer_ip,
+        vlan: None,
+    })
 }
 
 struct Setup {
@@ -247,17 +263,7 @@ fn setup(
         o.connect_timeout,
     )?)
     .context("the peer's connection details")?;
-    let peer_mac = hostnet::resolve_mac(&o.iface, peer.ip, Duration::from_secs(3))?;
-    let path = Path {
-        local_mac: dev.mac,
-        peer_mac,
-        local_ip,
-        peer_ip: peer.ip,
-        vlan: None,
-    };
-    if gid_of(path.local_ip) == gid_of(path.peer_ip) {
-        bail!("peer address {} is our own", peer.ip);
-    }
+    let path = path_to(&dev, local_ip, peer.ip)?;
     dev.dp
         .core
         .modify_qp(qpn, &crate::transport::QpAttr::init(Access::ALL))?;

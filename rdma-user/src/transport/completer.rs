@@ -253,6 +253,7 @@ impl QpEngine {
             }
             self.req.sq[idx].resp_pkts += 1;
             self.note_received(psn);
+            self.rtt_answered(psn, now);
             if last {
                 self.req.sq[idx].done = true;
                 self.req.rd_atomic_inflight = self.req.rd_atomic_inflight.saturating_sub(1);
@@ -295,6 +296,7 @@ impl QpEngine {
             }
             self.req.sq[idx].resp_pkts = 1;
             self.note_received(psn);
+            self.rtt_answered(psn, now);
             self.req.sq[idx].done = true;
             self.req.rd_atomic_inflight = self.req.rd_atomic_inflight.saturating_sub(1);
             self.progress(now);
@@ -320,6 +322,7 @@ impl QpEngine {
 
     /// Retransmit from `psn` after a gap in responses, once per gap.
     pub(super) fn go_back(&mut self, psn: u32, now: Nanos) {
+        self.rtt_probe = None;
         if self.comp.retry_pending {
             return;
         }
@@ -353,7 +356,19 @@ impl QpEngine {
     /// A READ or atomic that the ACK passes without its response having
     /// arrived lost that response: go back for it. Returns whether anything
     /// new was acknowledged.
+    /// The peer has every request packet through `psn`: the timed one, if
+    /// covered, gives an RTT sample.
+    pub(super) fn rtt_answered(&mut self, psn: u32, now: Nanos) {
+        if let Some((p, sent)) = self.rtt_probe {
+            if psn_diff(psn, p) >= 0 {
+                self.stats.record_rtt(now.saturating_sub(sent));
+                self.rtt_probe = None;
+            }
+        }
+    }
+
     pub(super) fn ack_through(&mut self, psn: u32, now: Nanos) -> bool {
+        self.rtt_answered(psn, now);
         let mut any = false;
         let mut go_back_to = None;
         for w in self.req.sq.iter_mut() {

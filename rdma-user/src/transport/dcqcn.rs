@@ -80,6 +80,63 @@ impl Default for CcParams {
     }
 }
 
+impl CcParams {
+    /// The tunables' names, as mlx5's `cc_params` spells them.
+    pub const NAMES: [&'static str; 11] = [
+        "rp_ai_rate",
+        "rp_hai_rate",
+        "rp_min_rate",
+        "rp_time_reset",
+        "rp_byte_reset",
+        "rp_threshold",
+        "rp_dce_tcp_g",
+        "rp_dce_tcp_rtt",
+        "rp_rate_reduce_monitor_period",
+        "rp_initial_alpha_value",
+        "np_min_time_between_cnps",
+    ];
+
+    /// Sets one tunable by its mlx5 name from `NAME=VALUE` text (rates in
+    /// Mbit/s, times in µs, g and α in 1/1024).
+    pub fn set(&mut self, assignment: &str) -> Result<(), String> {
+        let (name, value) = assignment
+            .split_once('=')
+            .ok_or_else(|| format!("'{assignment}': expected NAME=VALUE"))?;
+        let (name, value) = (name.trim(), value.trim());
+        let bad = |e: &dyn std::fmt::Display| format!("{name}={value}: {e}");
+        let int = || value.parse::<u64>().map_err(|e| bad(&e));
+        let rate = || match value.parse::<f64>() {
+            Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+            Ok(_) => Err(bad(&"a rate must be above 0")),
+            Err(e) => Err(bad(&e)),
+        };
+        let per_1024 = || match int()? {
+            v @ 0..=1024 => Ok(v as u32),
+            _ => Err(bad(&"at most 1024 (units of 1/1024)")),
+        };
+        match name {
+            "rp_ai_rate" => self.rp_ai_rate = rate()?,
+            "rp_hai_rate" => self.rp_hai_rate = rate()?,
+            "rp_min_rate" => self.rp_min_rate = rate()?,
+            "rp_time_reset" => self.rp_time_reset = int()?.max(1),
+            "rp_byte_reset" => self.rp_byte_reset = int()?.max(1),
+            "rp_threshold" => self.rp_threshold = int()?.clamp(1, 1 << 16) as u32,
+            "rp_dce_tcp_g" => self.rp_dce_tcp_g = per_1024()?,
+            "rp_dce_tcp_rtt" => self.rp_dce_tcp_rtt = int()?.max(1),
+            "rp_rate_reduce_monitor_period" => self.rp_rate_reduce_monitor_period = int()?,
+            "rp_initial_alpha_value" => self.rp_initial_alpha_value = per_1024()?,
+            "np_min_time_between_cnps" => self.np_min_time_between_cnps = int()?,
+            _ => {
+                return Err(format!(
+                    "unknown DCQCN tunable '{name}'; known: {}",
+                    Self::NAMES.join(", ")
+                ))
+            }
+        }
+        Ok(())
+    }
+}
+
 const US: Nanos = 1000;
 /// Timer catch-up is bounded: this many increase events reach line rate
 /// from any rate (hyper increase at least doubles the distance covered).
@@ -130,7 +187,20 @@ pub struct Dcqcn {
     next_tx: Nanos,
     /// The latest time the engine was given.
     now: Nanos,
+    /// The rate this QP actually sent at: bytes of the current window
+    /// (from `win_start`), and the last full window's rate (Mbit/s).
+    win_start: Nanos,
+    win_bytes: u64,
+    sent_rate: Option<f64>,
 }
+
+/// How far behind its pacing schedule a QP may fall and still catch up:
+/// a thread's wake-up comes tens of microseconds late, which would
+/// otherwise be lost rate on every packet.
+const PACING_SLACK: Nanos = 200_000;
+
+/// The window over which the rate a QP actually sent is measured.
+const RATE_WINDOW: Nanos = 1_000_000;
 
 impl Dcqcn {
     pub fn new(p: CcParams) -> Dcqcn {
@@ -147,6 +217,9 @@ impl Dcqcn {
             last_cut: None,
             next_tx: 0,
             now: 0,
+            win_start: 0,
+            win_bytes: 0,
+            sent_rate: None,
         }
     }
 
@@ -173,6 +246,13 @@ impl Dcqcn {
             return false;
         }
         let g = self.g();
+        // A sender that could not fill its rate (a software one, short of
+        // CPU or of work) cuts from the rate it sent at: cutting an unused
+        // allowance would not slow it down. A NIC always sends at RC, so
+        // there this is the paper's cut.
+        if let Some(r) = self.sent_rate.filter(|&r| r < self.rc) {
+            self.rc = r.max(self.p.rp_min_rate);
+        }
         self.rt = self.rc;
         self.rc = (self.rc * (1.0 - self.alpha / 2.0)).max(self.p.rp_min_rate);
         self.alpha = (1.0 - g) * self.alpha + g;
@@ -255,11 +335,23 @@ impl Dcqcn {
 
     /// A packet of `len` bytes left at `now`.
     pub fn sent(&mut self, now: Nanos, len: usize) {
+        let elapsed = now.saturating_sub(self.win_start);
+        if elapsed >= RATE_WINDOW {
+            // A window with a long gap after it says little about the
+            // rate now: only a window that just ended counts.
+            self.sent_rate = (elapsed < 2 * RATE_WINDOW)
+                .then(|| self.win_bytes as f64 * 8000.0 / elapsed as f64);
+            self.win_start = now;
+            self.win_bytes = 0;
+        }
+        self.win_bytes += len as u64;
         if !self.limiting() {
             return;
         }
         let gap = (len as f64 * 8000.0 / self.rc) as Nanos;
-        self.next_tx = self.next_tx.max(now) + gap;
+        // A sender woken late may catch up on up to PACING_SLACK of its
+        // rate (a short burst, as a NIC's pacer allows), not more.
+        self.next_tx = self.next_tx.max(now.saturating_sub(PACING_SLACK)) + gap;
         self.bytes += len as u64;
         while self.limiting() && self.bytes >= self.p.rp_byte_reset.max(1) {
             self.bytes -= self.p.rp_byte_reset.max(1);
@@ -275,6 +367,58 @@ mod tests {
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-6 * b.abs().max(1.0)
+    }
+
+    #[test]
+    fn tunables_are_set_by_their_mlx5_names() {
+        let mut p = CcParams::default();
+        p.set("rp_ai_rate=0.5").unwrap();
+        p.set(" rp_time_reset = 300").unwrap();
+        p.set("rp_dce_tcp_g=16").unwrap();
+        assert_eq!(
+            (p.rp_ai_rate, p.rp_time_reset, p.rp_dce_tcp_g),
+            (0.5, 300, 16)
+        );
+        assert!(p.set("rp_dce_tcp_g=2000").unwrap_err().contains("1024"));
+        assert!(p.set("rp_ai_rate=0").is_err());
+        assert!(p.set("rp_ai_rate").unwrap_err().contains("NAME=VALUE"));
+        assert!(p.set("ai=1").unwrap_err().contains("rp_hai_rate"));
+        for n in CcParams::NAMES {
+            let v = if n.starts_with("rp_dce_tcp_g") || n.contains("alpha") {
+                "7"
+            } else {
+                "9"
+            };
+            p.set(&format!("{n}={v}")).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_sender_below_its_rate_is_cut_from_what_it_sent() {
+        let mut d = Dcqcn::new(CcParams::default());
+        // 1 KiB every 20 µs is ~410 Mbit/s, far below the 10 Gbit/s line
+        // rate: the first cut starts from the measured rate.
+        let mut t = 0;
+        while t < 3 * RATE_WINDOW {
+            d.sent(t, 1024);
+            t += 20 * US;
+        }
+        let sent = 1024.0 * 8000.0 / (20.0 * US as f64);
+        assert!(d.on_cnp(t));
+        assert!(close(d.rt, sent), "rt {} sent {sent}", d.rt);
+        assert!(close(d.rc, sent / 2.0), "rc {}", d.rc);
+        // A sender that used its rate is cut from RC, as the paper says.
+        let mut d = Dcqcn::new(CcParams {
+            line_rate: 100.0,
+            ..Default::default()
+        });
+        let mut t = 0;
+        while t < 3 * RATE_WINDOW {
+            d.sent(t, 1250);
+            t += 100 * US;
+        }
+        assert!(d.on_cnp(t));
+        assert!(close(d.rt, 100.0) && close(d.rc, 50.0), "{} {}", d.rt, d.rc);
     }
 
     #[test]
@@ -352,10 +496,27 @@ mod tests {
         d.on_cnp(0);
         // 5 Gbit/s: 1000 bytes every 1.6 µs.
         d.sent(10, 1000);
-        assert_eq!(d.blocked_until(10), Some(1610));
-        assert_eq!(d.deadline(), Some(1610));
-        d.sent(1610, 1000);
-        assert_eq!(d.blocked_until(1700), Some(3210));
+        assert_eq!(d.blocked_until(10), Some(1600));
+        assert_eq!(d.deadline(), Some(1600));
+        d.sent(1600, 1000);
+        assert_eq!(d.blocked_until(1700), Some(3200));
+        // Woken late, a sender catches up on at most PACING_SLACK of its
+        // rate: 125 packets in a burst, then the schedule holds it again
+        // (the increase timers are slowed so that the rate stays put).
+        let mut d = Dcqcn::new(CcParams {
+            rp_time_reset: 1 << 30,
+            rp_byte_reset: 1 << 40,
+            ..CcParams::default()
+        });
+        d.on_cnp(0);
+        let late = 10 * PACING_SLACK;
+        let mut burst = 0;
+        while d.blocked_until(late).is_none() && burst < 1000 {
+            d.sent(late, 1000);
+            burst += 1;
+        }
+        assert_eq!(burst, PACING_SLACK / 1600 + 1);
+        assert_eq!(d.blocked_until(late), Some(late + 1600));
         // Off: never paced, CNPs ignored.
         let mut d = Dcqcn::new(CcParams {
             enabled: false,

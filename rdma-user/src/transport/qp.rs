@@ -266,6 +266,10 @@ impl std::error::Error for ModifyError {}
 pub struct QpStats {
     pub tx_packets: u64,
     pub rx_packets: u64,
+    /// Bytes sent (transport segments, BTH to pad) and payload bytes
+    /// received: the rates `top` shows.
+    pub tx_bytes: u64,
+    pub rx_bytes: u64,
     /// Request packets sent again (go-back-N after a timeout or NAK).
     pub retransmits: u64,
     pub timeouts: u64,
@@ -303,6 +307,40 @@ pub struct QpStats {
     pub np_cnp_sent: u64,
     pub rp_cnp_handled: u64,
     pub rp_cnp_ignored: u64,
+    /// Round-trip times, one sample per round trip (a request packet's
+    /// first transmission to the ACK or response that covers it; none
+    /// across a retransmission, as Karn's rule says): bucket 0 counts
+    /// samples under 1 µs, bucket `i` those in [2^(i-1), 2^i) µs.
+    pub rtt_log2_us: [u64; RTT_BUCKETS],
+}
+
+/// Buckets of [`QpStats::rtt_log2_us`]: up to 2^24 µs (16 s).
+pub const RTT_BUCKETS: usize = 24;
+
+impl QpStats {
+    pub(super) fn record_rtt(&mut self, ns: Nanos) {
+        let us = ns / 1000;
+        let i = (u64::BITS - us.leading_zeros()) as usize;
+        self.rtt_log2_us[i.min(RTT_BUCKETS - 1)] += 1;
+    }
+
+    /// The `q`-quantile (0..=1) of the round-trip times, µs: the upper
+    /// bound of the bucket it falls in. None before the first sample.
+    pub fn rtt_quantile_us(&self, q: f64) -> Option<u64> {
+        let n: u64 = self.rtt_log2_us.iter().sum();
+        if n == 0 {
+            return None;
+        }
+        let want = ((q.clamp(0.0, 1.0) * n as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (i, c) in self.rtt_log2_us.iter().enumerate() {
+            seen += c;
+            if seen >= want {
+                return Some(1 << i);
+            }
+        }
+        Some(1 << (RTT_BUCKETS - 1))
+    }
 }
 
 /// One queue pair: its attributes and state machine here, and the state of
@@ -339,6 +377,9 @@ pub struct QpEngine {
     // Congestion control (RC): notification and reaction point.
     pub(super) np: dcqcn::Np,
     pub(super) cc: dcqcn::Dcqcn,
+    /// The request packet being timed for an RTT sample: its PSN and when
+    /// it first left.
+    pub(super) rtt_probe: Option<(u32, Nanos)>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -417,6 +458,7 @@ impl QpEngine {
             stats: QpStats::default(),
             np: dcqcn::Np::default(),
             cc: dcqcn::Dcqcn::new(dcqcn::CcParams::default()),
+            rtt_probe: None,
         }
     }
 
@@ -817,6 +859,7 @@ impl QpEngine {
         };
         self.cc.sent(now, len);
         self.stats.tx_packets += 1;
+        self.stats.tx_bytes += len as u64;
         Some(Transmit {
             len,
             ah: None,
@@ -867,6 +910,7 @@ impl QpEngine {
             return;
         }
         self.stats.rx_packets += 1;
+        self.stats.rx_bytes += payload.len() as u64;
         if matches!(t.bth.opcode, opcode::CNP | opcode::CNP_LEGACY) {
             // The reaction point; never PSN or ACK state.
             if self.cc.on_cnp(now) {

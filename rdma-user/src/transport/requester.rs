@@ -417,6 +417,10 @@ impl QpEngine {
         }
         if psn_diff(psn, self.req.max_sent_psn) < 0 {
             self.stats.retransmits += 1;
+            // Karn: an answer after a resend times neither transmission.
+            self.rtt_probe = None;
+        } else if self.rtt_probe.is_none() {
+            self.rtt_probe = Some((psn, now));
         }
         // A READ request reserves the PSNs of all its responses.
         let end = if w.opcode == WrOpcode::RdmaRead {

@@ -116,6 +116,16 @@ struct Inner {
     doorbell: Arc<Doorbell>,
 }
 
+/// Runs the data path while it finds work (64 turns at most): everything
+/// due is sent before a QP or the device goes away.
+fn flush(dp: &mut DataPath) {
+    for _ in 0..64 {
+        if !dp.poll_flushed().0 {
+            break;
+        }
+    }
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
         // No handle is left to post or poll: stop the data path, then
@@ -124,6 +134,11 @@ impl Drop for Inner {
         self.doorbell.ring();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+        // What the last turns left due (an ACK for the message the program
+        // saw last, when it closes without destroying its QPs) still goes.
+        if let Ok(mut dp) = self.dp.lock() {
+            flush(&mut dp);
         }
         // RDMA_XDP_STATS=1: the counters on stderr at close (what
         // `rdma-xdp stats` shows for a daemon), for a program's run.
@@ -533,8 +548,10 @@ impl Qp {
             // has sent that message's ACK (a NIC sends it first) and
             // destroy the QP at once, as rc_pingpong does after its last
             // iteration: one turn of the data path sends what is due, or
-            // the peer's SEND would retry until RETRY_EXC_ERR.
-            dp.poll_flushed();
+            // the peer's SEND would retry until RETRY_EXC_ERR. Turns run
+            // while they find work (a full TX ring takes more than one),
+            // 64 at most.
+            flush(dp);
             dp.core.destroy_qp(qpn)
         })
     }

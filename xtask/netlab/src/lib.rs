@@ -74,20 +74,20 @@ pub fn relay_topology(
     addrs: [&str; 2],
     mtu: Option<u32>,
 ) -> io::Result<()> {
-    for n in ns {
-        ip(&["netns", "add", n])?;
-    }
-    for (host, hdev, rdev, addr) in [
-        (ns[0], devs[0], devs[1], addrs[0]),
-        (ns[2], devs[3], devs[2], addrs[1]),
-    ] {
-        ip(&["link", "add", hdev, "type", "veth", "peer", "name", rdev])?;
-        ip(&["link", "set", hdev, "netns", host])?;
-        ip(&["link", "set", rdev, "netns", ns[1]])?;
-        bring_up(host, hdev, Some(addr), mtu)?;
-        bring_up(ns[1], rdev, None, mtu)?;
-    }
-    Ok(())
+    star_topology(
+        &Star {
+            hosts: &[ns[0]],
+            host_devs: &[devs[0]],
+            host_addrs: &[addrs[0]],
+            switch: ns[1],
+            switch_devs: &[devs[1]],
+            sink: ns[2],
+            sink_dev: devs[3],
+            sink_addr: addrs[1],
+            switch_sink_dev: devs[2],
+        },
+        mtu,
+    )
 }
 
 /// SIGTERM to every PID, up to `grace` for them to exit, then SIGKILL.
@@ -108,4 +108,44 @@ pub fn stop_pids(pids: &[u32], grace: Duration) {
             .stderr(Stdio::null())
             .status();
     }
+}
+
+/// N hosts - switch - one host: `hosts[i]` reaches the switch namespace
+/// over `host_devs[i]` (the switch's end `switch_devs[i]`), and `sink`
+/// over `sink_dev` (the switch's end `switch_sink_dev`). The switch's ends
+/// have no address; every host is in one /24.
+pub struct Star<'a> {
+    pub hosts: &'a [&'a str],
+    pub host_devs: &'a [&'a str],
+    pub host_addrs: &'a [&'a str],
+    pub switch: &'a str,
+    pub switch_devs: &'a [&'a str],
+    pub sink: &'a str,
+    pub sink_dev: &'a str,
+    pub sink_addr: &'a str,
+    pub switch_sink_dev: &'a str,
+}
+
+pub fn star_topology(s: &Star, mtu: Option<u32>) -> io::Result<()> {
+    for n in s.hosts.iter().chain([&s.switch, &s.sink]) {
+        ip(&["netns", "add", n])?;
+    }
+    let links = (0..s.hosts.len())
+        .map(|i| {
+            (
+                s.hosts[i],
+                s.host_devs[i],
+                s.switch_devs[i],
+                s.host_addrs[i],
+            )
+        })
+        .chain([(s.sink, s.sink_dev, s.switch_sink_dev, s.sink_addr)]);
+    for (host, hdev, sdev, addr) in links {
+        ip(&["link", "add", hdev, "type", "veth", "peer", "name", sdev])?;
+        ip(&["link", "set", hdev, "netns", host])?;
+        ip(&["link", "set", sdev, "netns", s.switch])?;
+        bring_up(host, hdev, Some(addr), mtu)?;
+        bring_up(s.switch, sdev, None, mtu)?;
+    }
+    Ok(())
 }

@@ -66,6 +66,10 @@ pub struct UpArgs {
     /// DSCP of the CNPs this host sends.
     #[arg(long, default_value_t = 48)]
     pub cnp_dscp: u8,
+    /// A DCQCN tunable, by its mlx5 cc_params name (rp_ai_rate=5,
+    /// rp_time_reset=300, ...; rates in Mbit/s, times in µs). Repeatable.
+    #[arg(long = "cc", value_name = "NAME=VALUE")]
+    pub cc: Vec<String>,
 }
 #[derive(Subcommand)]
 pub enum MrCmd {
@@ -265,6 +269,9 @@ pub fn up(a: UpArgs, g: &Global) -> Result<()> {
                 ..Default::default()
             };
             cc.params.enabled = !a.no_dcqcn;
+            for kv in &a.cc {
+                cc.params.set(kv).map_err(|e| anyhow!("--cc {e}"))?;
+            }
             cc
         },
     })

@@ -7,6 +7,7 @@ mod control;
 mod decode;
 mod testing;
 mod tools;
+mod top;
 mod verbs;
 
 use std::path::PathBuf;
@@ -17,7 +18,7 @@ use clap::{Parser, Subcommand};
 use control::{AhCmd, CqCmd, MrCmd, PostArgs, QpCmd, SrqCmd, UpArgs};
 use decode::DecodeArgs;
 use testing::{HostileArgs, InjectArgs, VerbsDemoArgs, XskRecvArgs};
-use tools::{BaselineArgs, BenchArgs, PingpongArgs, RelayArgs, SoakArgs};
+use tools::{BaselineArgs, BenchArgs, FlowArgs, PingpongArgs, RelayArgs, SoakArgs};
 
 #[derive(Parser)]
 #[command(
@@ -81,6 +82,13 @@ enum Cmd {
     /// and atomic result is checked; exits non-zero on any loss, duplicate
     /// or corruption.
     Soak(SoakArgs),
+    /// A congestion test bed flow: the client streams RDMA WRITEs for
+    /// --seconds from --start-at and reports its goodput and DCQCN rate per
+    /// time bin; the server takes any number of clients.
+    Flow(FlowArgs),
+    /// A live view of the daemon's QPs (rates, bytes, retransmits, NAKs,
+    /// CNPs, DCQCN rate and alpha); `--once [--json]` prints one sample.
+    Top(top::TopArgs),
     /// Verbs devices: which interfaces programs see (`rdma link` style).
     #[command(subcommand)]
     Link(verbs::LinkCmd),
@@ -157,8 +165,13 @@ fn json_flag_last(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> 
 
 fn run(cli: Cli) -> Result<()> {
     let json_file = cli.json.clone().flatten();
-    if json_file.is_some() && !matches!(cli.cmd, Cmd::Bench(_) | Cmd::Baseline(_) | Cmd::Soak(_)) {
-        bail!("--json FILE writes the results of bench, baseline and soak; other commands take --json alone");
+    if json_file.is_some()
+        && !matches!(
+            cli.cmd,
+            Cmd::Bench(_) | Cmd::Baseline(_) | Cmd::Soak(_) | Cmd::Flow(_)
+        )
+    {
+        bail!("--json FILE writes the results of bench, baseline, soak and flow; other commands take --json alone");
     }
     let g = Global {
         iface: cli.iface,
@@ -180,6 +193,8 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Pingpong(p) => tools::pingpong(p),
         Cmd::Relay(r) => tools::relay(r, &g),
         Cmd::Soak(a) => tools::soak(a, g.json_file),
+        Cmd::Flow(a) => tools::flow(a, g.json_file),
+        Cmd::Top(a) => top::top(a, &g),
         Cmd::Link(l) => verbs::link(l, &g),
         Cmd::Exec { program } => verbs::exec(&program, &g),
         Cmd::Hostile(h) => testing::hostile(h),

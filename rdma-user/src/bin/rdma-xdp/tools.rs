@@ -97,9 +97,10 @@ pub struct PingpongArgs {
 
 #[derive(Args)]
 pub struct RelayArgs {
-    /// Side A interface.
-    #[arg(long)]
-    pub a: String,
+    /// Side A interface. Given more than once, the relay is a switch: every
+    /// A port shares the bottleneck towards B.
+    #[arg(long, required = true)]
+    pub a: Vec<String>,
     /// Side B interface.
     #[arg(long)]
     pub b: String,
@@ -152,6 +153,13 @@ pub struct RelayArgs {
     /// Write the final counters as JSON here.
     #[arg(long)]
     pub stats_file: Option<PathBuf>,
+    /// Write what crossed the bottleneck per A port and time bin (bytes, CE
+    /// marks, drops, CNPs back, queue depth) as JSON here.
+    #[arg(long)]
+    pub timeline: Option<PathBuf>,
+    /// The timeline's bin, milliseconds.
+    #[arg(long, default_value_t = 10.0)]
+    pub bin_ms: f64,
 }
 #[derive(Args)]
 pub struct SoakArgs {
@@ -188,6 +196,95 @@ pub struct SoakArgs {
     /// Turn DCQCN's reaction point off (CNPs are counted and ignored).
     #[arg(long)]
     pub no_dcqcn: bool,
+}
+
+#[derive(Args)]
+pub struct FlowArgs {
+    /// The server's address (client mode); without it, serve any number of
+    /// clients until SIGINT/SIGTERM (or --seconds).
+    pub server: Option<std::net::IpAddr>,
+    #[arg(long = "dev", short = 'd')]
+    pub dev: String,
+    #[arg(short = 'p', long, default_value_t = 18600)]
+    pub port: u16,
+    /// Bytes per RDMA WRITE.
+    #[arg(short = 's', long, default_value_t = 65536)]
+    pub size: usize,
+    /// WRITEs outstanding.
+    #[arg(short = 't', long, default_value_t = 16)]
+    pub tx_depth: u32,
+    /// The path MTU (RoCE's 256..4096; the interface's must hold it).
+    #[arg(short = 'm', long, default_value_t = 1024)]
+    pub mtu: u32,
+    /// Start sending at this Unix time, in milliseconds (default: at once).
+    #[arg(long)]
+    pub start_at: Option<u64>,
+    /// Client: seconds of traffic. Server: seconds to serve (0: until a
+    /// signal).
+    #[arg(long, default_value_t = 0.0)]
+    pub seconds: f64,
+    /// The client's time bins, milliseconds.
+    #[arg(long, default_value_t = 10.0)]
+    pub bin_ms: f64,
+    /// Send data packets Not-ECT.
+    #[arg(long)]
+    pub no_ecn: bool,
+    /// Turn DCQCN's reaction point off (CNPs are counted and ignored).
+    #[arg(long)]
+    pub no_dcqcn: bool,
+    /// A DCQCN tunable by its mlx5 cc_params name (NAME=VALUE). Repeatable.
+    #[arg(long = "cc", value_name = "NAME=VALUE")]
+    pub cc: Vec<String>,
+    /// Busy-poll instead of sleeping when idle.
+    #[arg(long)]
+    pub spin: bool,
+    #[arg(long)]
+    pub cpu: Option<usize>,
+    /// Seconds to wait for the server.
+    #[arg(long, default_value_t = 10)]
+    pub peer_timeout: u64,
+}
+
+pub fn flow(a: FlowArgs, json_file: Option<PathBuf>) -> Result<()> {
+    let mut cc = rdma_user::device::datapath::CcConfig {
+        ecn: !a.no_ecn,
+        ..Default::default()
+    };
+    cc.params.enabled = !a.no_dcqcn;
+    for kv in &a.cc {
+        cc.params.set(kv).map_err(|e| anyhow!("--cc {e}"))?;
+    }
+    let o = rdma_user::tools::flow::Options {
+        iface: a.dev,
+        server: a.server,
+        port: a.port,
+        size: a.size,
+        depth: a.tx_depth.max(1),
+        mtu: a.mtu,
+        start_at: a.start_at,
+        seconds: a.seconds,
+        bin_ms: a.bin_ms,
+        cc,
+        cpu: a.cpu,
+        adaptive: !a.spin,
+        connect_timeout: Duration::from_secs(a.peer_timeout),
+    };
+    let out =
+        if o.server.is_some() {
+            let r = rdma_user::tools::flow::run(&o)?;
+            eprintln!(
+            "flow: {:.1} Mbit/s goodput over {:.2} s; {} CNPs handled, {} retransmits, {} timeouts",
+            r.goodput_mbps, r.seconds, r.stats.rp_cnp_handled, r.stats.retransmits, r.stats.timeouts
+        );
+            serde_json::to_string(&r)?
+        } else {
+            serde_json::to_string_pretty(&rdma_user::tools::flow::serve(&o)?)?
+        };
+    match json_file {
+        Some(f) => std::fs::write(&f, &out).with_context(|| format!("write {}", f.display()))?,
+        None => println!("{out}"),
+    }
+    Ok(())
 }
 
 pub fn bench(b: BenchArgs, g: &Global) -> Result<()> {
@@ -317,14 +414,30 @@ pub fn relay(r: RelayArgs, g: &Global) -> Result<()> {
         ..Default::default()
     };
     cfg.validate().map_err(|e| anyhow!(e))?;
-    eprintln!("relay {} <-> {}: {}", r.a, r.b, cfg.describe());
-    let rep = rdma_user::tools::relay::run(
-        &r.a,
-        &r.b,
+    if !(r.bin_ms > 0.0 && r.bin_ms.is_finite()) {
+        bail!(
+            "--bin-ms {}: give a positive number of milliseconds",
+            r.bin_ms
+        );
+    }
+    eprintln!("relay {} <-> {}: {}", r.a.join(","), r.b, cfg.describe());
+    let (rep, timeline) = rdma_user::tools::relay::run(
+        rdma_user::tools::relay::RelayOptions {
+            a: &r.a,
+            b: &r.b,
+            max: r.seconds.map(Duration::from_secs_f64),
+            progress: !json,
+            timeline_bin: r
+                .timeline
+                .is_some()
+                .then(|| Duration::from_secs_f64(r.bin_ms / 1e3)),
+        },
         cfg,
-        r.seconds.map(Duration::from_secs_f64),
-        !json,
     )?;
+    if let (Some(f), Some(t)) = (&r.timeline, &timeline) {
+        std::fs::write(f, serde_json::to_vec(t)?)
+            .with_context(|| format!("write {}", f.display()))?;
+    }
     let out = serde_json::to_string_pretty(&rep)?;
     if let Some(f) = r.stats_file {
         std::fs::write(&f, &out).with_context(|| format!("write {}", f.display()))?;
