@@ -113,6 +113,14 @@ enum Cmd {
         /// Only the scenarios whose name contains this.
         #[arg(long)]
         only: Option<String>,
+        /// The bottleneck marks no frame while its queue is below this.
+        #[arg(long, default_value_t = 65536)]
+        kmin_bytes: u64,
+        /// ... marks with probability --pmax at this depth, every frame beyond.
+        #[arg(long, default_value_t = 262144)]
+        kmax_bytes: u64,
+        #[arg(long, default_value_t = 0.1)]
+        pmax: f64,
     },
     /// Build and run `rdma-xdp` with these arguments.
     Run {
@@ -197,6 +205,9 @@ fn main() {
             cc,
             paper,
             only,
+            kmin_bytes,
+            kmax_bytes,
+            pmax,
         } => prereqs(true, false).and_then(|_| {
             congestion::congestion(&congestion::Options {
                 quick,
@@ -205,6 +216,9 @@ fn main() {
                 cc,
                 paper,
                 only,
+                kmin_bytes,
+                kmax_bytes,
+                pmax,
             })
         }),
         Cmd::Run { release, args } => prereqs(false, false).and_then(|_| run(release, &args)),
