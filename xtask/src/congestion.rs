@@ -19,19 +19,38 @@ use serde_json::{json, Value};
 
 use crate::{lab::*, root, setup::*};
 
+#[derive(clap::Args)]
 pub(crate) struct Options {
+    /// Half-length scenarios.
+    #[arg(long)]
     pub(crate) quick: bool,
+    /// The bottleneck, Mbit/s.
+    #[arg(long, default_value_t = 400.0)]
     pub(crate) rate_mbit: f64,
+    /// Seed of the bottleneck's marking.
+    #[arg(long, default_value_t = 1)]
     pub(crate) seed: u64,
-    /// DCQCN tunables on top of the test bed's (NAME=VALUE).
+    /// A DCQCN tunable on top of the test bed's (mlx5 name=value). Repeatable.
+    #[arg(long = "cc", value_name = "NAME=VALUE")]
     pub(crate) cc: Vec<String>,
-    /// The paper's timers and steps instead of the test bed's.
+    /// The paper's timers and increase steps instead of the test bed's.
+    #[arg(long)]
     pub(crate) paper: bool,
+    /// Only the scenarios whose name contains this.
+    #[arg(long)]
     pub(crate) only: Option<String>,
-    /// The bottleneck's marking ramp (bytes) and its probability at Kmax.
+    /// The bottleneck marks no frame while its queue is below this.
+    #[arg(long, default_value_t = 32768)]
     pub(crate) kmin_bytes: u64,
+    /// ... marks with probability --pmax at this depth, every frame beyond.
+    #[arg(long, default_value_t = 131072)]
     pub(crate) kmax_bytes: u64,
+    #[arg(long, default_value_t = 0.1)]
     pub(crate) pmax: f64,
+    /// Decide marks as frames enter the queue (RED's way), not as they
+    /// leave it.
+    #[arg(long)]
+    pub(crate) mark_on_enqueue: bool,
 }
 
 /// One flow: when it starts and stops (seconds from the scenario's start).
@@ -221,6 +240,7 @@ pub(crate) fn congestion(o: &Options) -> Result<()> {
             "kmin_bytes": o.kmin_bytes,
             "kmax_bytes": o.kmax_bytes,
             "pmax": o.pmax,
+            "mark_on_dequeue": !o.mark_on_enqueue,
             "cc": cc,
             "quick": o.quick,
             "records": records,
@@ -280,17 +300,23 @@ fn run_one(
     for w in wdevs.iter().take(sc.flows.len()) {
         relay.args(["--a", w]);
     }
-    // The queue holds 1 MiB, every flow's window (4 WRITEs of 64 KiB
-    // each) at once; marking follows the ramp (the DCQCN paper's shape:
-    // none below Kmin, Pmax at Kmax, every frame beyond). Kmin defaults to
-    // one message: a 64 KiB WRITE leaves a sender as one burst, and a
-    // lower Kmin marks that burst on an idle link.
+    // The queue holds 1 MiB: four flows' windows (4 WRITEs of 64 KiB
+    // each, 1.09 MiB with headers) overflow it only if all arrive at
+    // once, as incast's first burst does before any CNP can. Marking
+    // follows the ramp (the DCQCN paper's shape: none below Kmin, Pmax at
+    // Kmax, every frame beyond), decided as a frame leaves the queue by
+    // the depth behind it (see `--mark-on-dequeue`).
     relay
         .args(["--b", "rcg-wr", "--rate-mbit", &rate.to_string()])
         .args(["--queue-bytes", "1048576"])
         .args(["--kmin-bytes", &o.kmin_bytes.to_string()])
         .args(["--kmax-bytes", &o.kmax_bytes.to_string()])
         .args(["--pmax", &o.pmax.to_string()])
+        .args(if o.mark_on_enqueue {
+            &[][..]
+        } else {
+            &["--mark-on-dequeue"][..]
+        })
         .args([
             "--seed",
             &o.seed.to_string(),

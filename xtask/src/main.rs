@@ -94,34 +94,7 @@ enum Cmd {
     /// is a CE-marking bottleneck, DCQCN on and off, in four scenarios
     /// (stagger, incast, departure, no_congestion); writes
     /// target/congestion/results.json, summary.md and a plot per scenario.
-    Congestion {
-        /// Half-length scenarios.
-        #[arg(long)]
-        quick: bool,
-        /// The bottleneck, Mbit/s.
-        #[arg(long, default_value_t = 400.0)]
-        rate_mbit: f64,
-        /// Seed of the bottleneck's marking.
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        /// A DCQCN tunable on top of the test bed's (mlx5 name=value). Repeatable.
-        #[arg(long = "cc", value_name = "NAME=VALUE")]
-        cc: Vec<String>,
-        /// The paper's timers and increase steps instead of the test bed's.
-        #[arg(long)]
-        paper: bool,
-        /// Only the scenarios whose name contains this.
-        #[arg(long)]
-        only: Option<String>,
-        /// The bottleneck marks no frame while its queue is below this.
-        #[arg(long, default_value_t = 65536)]
-        kmin_bytes: u64,
-        /// ... marks with probability --pmax at this depth, every frame beyond.
-        #[arg(long, default_value_t = 262144)]
-        kmax_bytes: u64,
-        #[arg(long, default_value_t = 0.1)]
-        pmax: f64,
-    },
+    Congestion(congestion::Options),
     /// Build and run `rdma-xdp` with these arguments.
     Run {
         #[arg(long)]
@@ -198,29 +171,7 @@ fn main() {
         }),
         Cmd::Bench { quick } => prereqs(true, false).and_then(|_| bench(quick)),
         Cmd::Soak { ops, seed } => prereqs(true, false).and_then(|_| soak(ops, seed)),
-        Cmd::Congestion {
-            quick,
-            rate_mbit,
-            seed,
-            cc,
-            paper,
-            only,
-            kmin_bytes,
-            kmax_bytes,
-            pmax,
-        } => prereqs(true, false).and_then(|_| {
-            congestion::congestion(&congestion::Options {
-                quick,
-                rate_mbit,
-                seed,
-                cc,
-                paper,
-                only,
-                kmin_bytes,
-                kmax_bytes,
-                pmax,
-            })
-        }),
+        Cmd::Congestion(o) => prereqs(true, false).and_then(|_| congestion::congestion(&o)),
         Cmd::Run { release, args } => prereqs(false, false).and_then(|_| run(release, &args)),
         Cmd::Verbs { release } => ibverbs_so::build(&root(), release)
             .map(|d| println!("{}", d.display()))

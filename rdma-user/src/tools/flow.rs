@@ -19,7 +19,7 @@ use crate::device::datapath::{Backoff, CcConfig, Connect};
 use crate::device::standalone::{Standalone, NO_WC};
 use crate::io::hostnet;
 use crate::memory::Access;
-use crate::tools::soak::{path_to, read_line_polling, send_line, Hello, LineReader};
+use crate::tools::soak::{exchange_hello, path_to, send_line, Hello, LineReader};
 use crate::transport::{QpAttr, QpCap, QpStats, SendWr, Sge, WcStatus, WrOpcode};
 
 /// The server's WRITE target: every client writes its messages here.
@@ -145,26 +145,23 @@ pub fn run(o: &Options) -> Result<FlowReport> {
     tcp.set_nonblocking(true)?;
     let peer_ip = tcp.peer_addr()?.ip().to_canonical();
     let ip = hostnet::local_addr_for(&o.iface, peer_ip)?;
-    send_line(
-        &mut tcp,
-        &Hello {
-            qpn,
-            psn,
-            ip,
-            rkey: 0,
-            vaddr: 0,
-        },
-    )?;
     let mut backoff = Backoff::new(o.adaptive);
     let mut lines = LineReader::default();
-    let peer: Hello = serde_json::from_str(&read_line_polling(
+    let ours = Hello {
+        qpn,
+        psn,
+        ip,
+        rkey: 0,
+        vaddr: 0,
+    };
+    let peer = exchange_hello(
         &mut tcp,
         &mut lines,
         &mut dev,
         &mut backoff,
+        &ours,
         o.connect_timeout,
-    )?)
-    .context("the server's connection details")?;
+    )?;
     // The server's QP was ready before it answered.
     connect(&mut dev, o, qpn, psn, &peer)?;
 

@@ -30,6 +30,12 @@ pub struct ImpairConfig {
     pub kmin_bytes: u64,
     pub kmax_bytes: u64,
     pub pmax: f64,
+    /// Decide the bottleneck's CE mark as a frame leaves the queue, by the
+    /// depth behind it, instead of as it enters: the mark then reaches the
+    /// receiver without waiting out the queue (as CoDel and some switch
+    /// ASICs mark), so the feedback is not a queue's delay late.
+    #[serde(default)]
+    pub mark_on_dequeue: bool,
     pub delay_us: u64,
     pub jitter_us: u64,
     /// A reordered frame is held back until this many later frames of the
@@ -56,6 +62,7 @@ impl Default for ImpairConfig {
             kmin_bytes: 20 * 1024,
             kmax_bytes: 200 * 1024,
             pmax: 0.2,
+            mark_on_dequeue: false,
             delay_us: 0,
             jitter_us: 0,
             reorder_gap: 3,
@@ -129,21 +136,9 @@ pub struct DirStats {
 /// Marks a frame CE (ECN field 11) in its IPv4 or IPv6 header, with the
 /// IPv4 header checksum redone. `f` starts at the Ethernet header.
 pub fn mark_ce(f: &mut [u8]) -> bool {
-    let mut off = 12;
-    let Some(mut et) = f
-        .get(off..off + 2)
-        .map(|b| u16::from_be_bytes([b[0], b[1]]))
-    else {
+    let Some((et, off)) = ip_header(f) else {
         return false;
     };
-    off += 2;
-    while et == 0x8100 || et == 0x88a8 {
-        let Some(b) = f.get(off + 2..off + 4) else {
-            return false;
-        };
-        et = u16::from_be_bytes([b[0], b[1]]);
-        off += 4;
-    }
     match et {
         0x0800 if f.len() >= off + 20 => {
             let ihl = (f[off] & 0x0f) as usize * 4;
@@ -172,9 +167,8 @@ pub fn mark_ce(f: &mut [u8]) -> bool {
     }
 }
 
-/// Where the UDP payload of a RoCEv2 frame starts, or None for other
-/// frames. `f` starts at the Ethernet header.
-pub fn roce_payload_offset(f: &[u8]) -> Option<usize> {
+/// The EtherType past any VLAN tags, and where its header starts.
+fn ip_header(f: &[u8]) -> Option<(u16, usize)> {
     let mut off = 12;
     let mut et = u16::from_be_bytes(f.get(off..off + 2)?.try_into().ok()?);
     off += 2;
@@ -182,6 +176,22 @@ pub fn roce_payload_offset(f: &[u8]) -> Option<usize> {
         et = u16::from_be_bytes(f.get(off + 2..off + 4)?.try_into().ok()?);
         off += 4;
     }
+    Some((et, off))
+}
+
+/// Whether an IPv4 or IPv6 frame is marked CE (ECN 11).
+pub fn is_ce(f: &[u8]) -> bool {
+    match ip_header(f) {
+        Some((0x0800, off)) => f.get(off + 1).is_some_and(|t| t & 3 == 3),
+        Some((0x86dd, off)) => f.get(off + 1).is_some_and(|t| (t >> 4) & 3 == 3),
+        _ => false,
+    }
+}
+
+/// Where the UDP payload of a RoCEv2 frame starts, or None for other
+/// frames. `f` starts at the Ethernet header.
+pub fn roce_payload_offset(f: &[u8]) -> Option<usize> {
+    let (et, off) = ip_header(f)?;
     let udp = match et {
         0x0800 => {
             let ihl = (*f.get(off)? & 0x0f) as usize * 4;
@@ -222,6 +232,16 @@ pub struct Impairer {
     seq: u64,
     /// The bottleneck of each direction is busy until then (ns).
     link_free_at: [u64; 2],
+    /// Per buffer: a bottleneck mark to decide as it leaves, with
+    /// `mark_on_dequeue`: the frame's prefix length, and the bytes that had
+    /// entered its direction's queue up to and with it.
+    mark_at_exit: Vec<Option<(usize, u64)>>,
+    /// Per direction, with `mark_on_dequeue`: the frames in the queue in
+    /// order, as (arrival, bytes entered up to and with it), and the bytes
+    /// entered so far. The depth behind a leaving frame is what arrived
+    /// before it left.
+    in_queue: [VecDeque<(u64, u64)>; 2],
+    entered: [u64; 2],
     pub stats: [DirStats; 2],
 }
 
@@ -236,6 +256,9 @@ impl Impairer {
             held: VecDeque::new(),
             seq: 0,
             link_free_at: [0; 2],
+            mark_at_exit: Vec::new(),
+            in_queue: [VecDeque::new(), VecDeque::new()],
+            entered: [0; 2],
             stats: [DirStats::default(); 2],
         }
     }
@@ -245,10 +268,13 @@ impl Impairer {
     }
 
     fn alloc_buf(&mut self) -> usize {
-        self.free.pop().unwrap_or_else(|| {
+        let i = self.free.pop().unwrap_or_else(|| {
             self.bufs.push(Vec::new());
+            self.mark_at_exit.push(None);
             self.bufs.len() - 1
-        })
+        });
+        self.mark_at_exit[i] = None;
+        i
     }
 
     fn copy_in(&mut self, frame: &[u8]) -> usize {
@@ -265,6 +291,7 @@ impl Impairer {
         v.clear();
         v.extend_from_slice(&self.bufs[b]);
         self.bufs[i] = v;
+        self.mark_at_exit[i] = self.mark_at_exit[b];
         i
     }
 
@@ -320,19 +347,12 @@ impl Impairer {
                 return;
             }
             self.stats[dir].queue_max_bytes = self.stats[dir].queue_max_bytes.max(queued + len);
-            let (kmin, kmax) = (
-                self.cfg.kmin_bytes,
-                self.cfg.kmax_bytes.max(self.cfg.kmin_bytes + 1),
-            );
-            let p = if queued <= kmin {
-                0.0
-            } else if queued >= kmax {
-                1.0
+            if self.cfg.mark_on_dequeue {
+                self.entered[dir] += len;
+                self.in_queue[dir].push_back((now, self.entered[dir]));
+                self.mark_at_exit[b] = Some((prefix, self.entered[dir]));
             } else {
-                self.cfg.pmax * (queued - kmin) as f64 / (kmax - kmin) as f64
-            };
-            if p > 0.0 && self.rng.chance(p) && mark_ce(&mut self.bufs[b][prefix..]) {
-                self.stats[dir].ce_marked += 1;
+                self.ramp_mark(dir, b, prefix, queued);
             }
             let done = free + (len as f64 / bytes_per_ns) as u64;
             self.link_free_at[dir] = done;
@@ -374,6 +394,25 @@ impl Impairer {
         }
     }
 
+    /// RED's ramp on a queue of `queued` bytes: no mark below Kmin,
+    /// probability rising to Pmax at Kmax, a mark beyond.
+    fn ramp_mark(&mut self, dir: usize, b: usize, prefix: usize, queued: u64) {
+        let (kmin, kmax) = (
+            self.cfg.kmin_bytes,
+            self.cfg.kmax_bytes.max(self.cfg.kmin_bytes + 1),
+        );
+        let p = if queued <= kmin {
+            0.0
+        } else if queued >= kmax {
+            1.0
+        } else {
+            self.cfg.pmax * (queued - kmin) as f64 / (kmax - kmin) as f64
+        };
+        if p > 0.0 && self.rng.chance(p) && mark_ce(&mut self.bufs[b][prefix..]) {
+            self.stats[dir].ce_marked += 1;
+        }
+    }
+
     /// Bytes queued at the bottleneck of direction `dir` at `now`.
     pub fn queued_bytes(&self, dir: usize, now: u64) -> u64 {
         let free = self.link_free_at[dir & 1];
@@ -410,6 +449,19 @@ impl Impairer {
                 break;
             }
             self.due.pop();
+            if let Some((prefix, upto)) = self.mark_at_exit[b].take() {
+                // The depth this frame leaves behind it: the bytes that
+                // entered after it and had arrived by the time it left.
+                let q = &mut self.in_queue[dir];
+                while q.front().is_some_and(|e| e.1 <= upto) {
+                    q.pop_front();
+                }
+                let arrived = q.partition_point(|e| e.0 <= t);
+                let behind = arrived
+                    .checked_sub(1)
+                    .map_or(0, |i| q[i].1.saturating_sub(upto));
+                self.ramp_mark(dir, b, prefix, behind);
+            }
             out(dir, &self.bufs[b]);
             self.free.push(b);
         }
@@ -453,6 +505,52 @@ mod tests {
             .count() as u64;
         assert_eq!(marked, imp.stats[0].ce_marked);
         assert!(marked > 50 && marked < 150, "{marked}");
+    }
+
+    #[test]
+    fn marks_are_decided_at_the_queues_entry_or_at_its_exit() {
+        // A burst of 100 frames into an idle 100 Mbit/s link: frame k finds
+        // k frames ahead of it and leaves 99 - k behind it.
+        let run = |mark_on_dequeue: bool| {
+            let f = roce_frame(0);
+            let len = f.len() as u64;
+            let mut imp = Impairer::new(ImpairConfig {
+                rate_mbit: 100.0,
+                queue_bytes: 1 << 20,
+                kmin_bytes: 10 * len,
+                kmax_bytes: 50 * len,
+                pmax: 0.5,
+                mark_on_dequeue,
+                ..Default::default()
+            });
+            for _ in 0..100 {
+                imp.push(0, 0, &f, 0);
+            }
+            let mut marks = Vec::new();
+            imp.drain(u64::MAX, |_, x| {
+                marks.push(RoceRepr::parse(x).unwrap().0.ip.traffic_class() & 3 == 3)
+            });
+            assert_eq!(
+                marks.iter().filter(|&&m| m).count() as u64,
+                imp.stats[0].ce_marked
+            );
+            assert!(is_ce(&{
+                let mut g = f.clone();
+                mark_ce(&mut g);
+                g
+            }));
+            assert!(!is_ce(&f));
+            marks
+        };
+        let enq = run(false);
+        assert!(enq[..11].iter().all(|m| !m), "the first find a short queue");
+        assert!(enq[51..].iter().all(|&m| m), "beyond Kmax every frame");
+        let deq = run(true);
+        assert!(
+            deq[..49].iter().all(|&m| m),
+            "the first leave a long queue behind"
+        );
+        assert!(deq[89..].iter().all(|m| !m), "the last leave an idle link");
     }
 
     #[test]

@@ -17,7 +17,7 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use crate::io::packet::{RawSocket, VNET_HDR_LEN};
-use crate::tools::impair::{roce_payload_offset, DirStats, ImpairConfig, Impairer};
+use crate::tools::impair::{is_ce, roce_payload_offset, DirStats, ImpairConfig, Impairer};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct RelayReport {
@@ -39,7 +39,7 @@ pub const QUEUE_BUCKETS: usize = 64;
 pub struct Bin {
     /// RoCE bytes (Ethernet frames) that entered the queue, per A port.
     pub bytes: Vec<u64>,
-    /// Of those, CE-marked at the queue, per A port.
+    /// CE-marked frames that left the queue in the bin, per A port.
     pub ce: Vec<u64>,
     /// Dropped at the full queue, per A port.
     pub drops: Vec<u64>,
@@ -128,11 +128,23 @@ fn record(
             bin.drops[i] += 1;
         } else {
             bin.bytes[i] += eth.len() as u64;
-            bin.ce[i] += after.ce_marked - before.ce_marked;
             let q = imp.queued_bytes(0, t);
             bin.queue_max_bytes = bin.queue_max_bytes.max(q);
             bin.queue_hist[((q / bucket) as usize).min(QUEUE_BUCKETS - 1)] += 1;
         }
+    }
+}
+
+/// A RoCE frame leaving towards B marked CE counts in the bin of its
+/// departure, for the A port of its source MAC (marks are decided at the
+/// queue's entry or its exit, and counted once, here).
+fn count_ce(tl: &mut Timeline, port_of: &HashMap<[u8; 6], usize>, t: u64, dir: usize, f: &[u8]) {
+    let eth = &f[VNET_HDR_LEN.min(f.len())..];
+    if dir != 0 || roce_opcode(eth).is_none() || !is_ce(eth) {
+        return;
+    }
+    if let Some(&p) = mac_at(eth, 6).and_then(|m| port_of.get(&m)) {
+        tl.bin(t).ce[p] += 1;
     }
 }
 
@@ -240,7 +252,11 @@ pub fn run(o: RelayOptions, cfg: ImpairConfig) -> Result<(RelayReport, Option<Ti
             buf.resize(65536 + VNET_HDR_LEN + 64, 0);
             pool.push(buf);
         }
-        imp.drain(now(), |dir, f| {
+        let t = now();
+        imp.drain(t, |dir, f| {
+            if let Some(tl) = timeline.as_mut() {
+                count_ce(tl, &port_of, t, dir, f);
+            }
             if let Err(e) = forward(&socks, &port_of, dir, f) {
                 send_err.get_or_insert(e);
             }
@@ -279,7 +295,11 @@ pub fn run(o: RelayOptions, cfg: ImpairConfig) -> Result<(RelayReport, Option<Ti
         };
     }
     // Whatever is still delayed is delivered, not lost.
+    let t = now();
     imp.drain(u64::MAX, |dir, f| {
+        if let Some(tl) = timeline.as_mut() {
+            count_ce(tl, &port_of, t, dir, f);
+        }
         let _ = forward(&socks, &port_of, dir, f);
     });
     Ok((

@@ -182,6 +182,21 @@ pub(crate) fn send_line<T: Serialize>(s: &mut TcpStream, v: &T) -> Result<()> {
     Ok(())
 }
 
+/// Sends our connection details and reads the peer's, the data path
+/// running meanwhile.
+pub(crate) fn exchange_hello(
+    tcp: &mut TcpStream,
+    lines: &mut LineReader,
+    dev: &mut Standalone,
+    backoff: &mut Backoff,
+    ours: &Hello,
+    timeout: Duration,
+) -> Result<Hello> {
+    send_line(tcp, ours)?;
+    let l = read_line_polling(tcp, lines, dev, backoff, timeout)?;
+    serde_json::from_str(&l).context("the peer's connection details")
+}
+
 /// The bytes of SEND number `seq`: its number, then seeded filler.
 fn send_payload(seed: u64, seq: u64, out: &mut [u8]) {
     let n = out.len().min(8);
@@ -244,25 +259,22 @@ fn setup(
     let mut lines = LineReader::default();
     let peer_addr = tcp.peer_addr()?.ip().to_canonical();
     let local_ip = hostnet::local_addr_for(&o.iface, peer_addr)?;
-    send_line(
-        &mut tcp,
-        &Hello {
-            qpn,
-            psn,
-            ip: local_ip,
-            rkey,
-            vaddr: addr,
-        },
-    )?;
     let mut backoff = Backoff::new(o.adaptive);
-    let peer: Hello = serde_json::from_str(&read_line_polling(
+    let ours = Hello {
+        qpn,
+        psn,
+        ip: local_ip,
+        rkey,
+        vaddr: addr,
+    };
+    let peer = exchange_hello(
         &mut tcp,
         &mut lines,
         &mut dev,
         &mut backoff,
+        &ours,
         o.connect_timeout,
-    )?)
-    .context("the peer's connection details")?;
+    )?;
     let path = path_to(&dev, local_ip, peer.ip)?;
     dev.dp
         .core

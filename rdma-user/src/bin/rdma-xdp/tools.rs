@@ -136,6 +136,10 @@ pub struct RelayArgs {
     pub kmax_bytes: u64,
     #[arg(long, default_value_t = 0.2)]
     pub pmax: f64,
+    /// Decide the bottleneck's marks as frames leave its queue (by the
+    /// depth behind them), not as they enter.
+    #[arg(long)]
+    pub mark_on_dequeue: bool,
     /// Added one-way delay, microseconds.
     #[arg(long, default_value_t = 0)]
     pub delay_us: u64,
@@ -406,6 +410,7 @@ pub fn relay(r: RelayArgs, g: &Global) -> Result<()> {
         kmin_bytes: r.kmin_bytes,
         kmax_bytes: r.kmax_bytes,
         pmax: r.pmax,
+        mark_on_dequeue: r.mark_on_dequeue,
         delay_us: r.delay_us,
         jitter_us: r.jitter_us,
         reorder_gap: r.reorder_gap,
