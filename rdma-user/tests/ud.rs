@@ -461,3 +461,74 @@ fn a_lossy_link_loses_datagrams_and_the_counters_say_so() {
     assert_eq!(arrived.len() as u64, 200 - lost);
     assert_eq!(a.core.handle_timers(1 << 40), None);
 }
+
+/// ECN and DCQCN on UD: a CE-marked datagram brings its sender a CNP (to
+/// the DETH's source QPN, back over the frame's addresses), and the
+/// sender's datagrams are then paced.
+#[test]
+fn a_marked_datagram_brings_its_sender_a_cnp_and_slows_it() {
+    use rdma_user::tools::impair::mark_ce;
+    let (mut a, mut b, ab, _) = pair();
+    recv(&mut b, 1, 0, 4096);
+    recv(&mut b, 2, 0, 4096);
+    send(&mut a, 1, ab, b.qp, QKEY, 100, None);
+    send(&mut a, 2, ab, b.qp, QKEY, 100, None);
+    let f = frames(&mut a);
+    assert_eq!(f.len(), 2);
+    let ecn = |f: &[u8]| RoceRepr::parse(f).unwrap().0.ip.traffic_class() & 3;
+    assert_eq!(ecn(&f[0]), 0b10, "datagrams go out ECT(0)");
+    let marked: Vec<Vec<u8>> = f
+        .iter()
+        .map(|x| {
+            let mut m = x.clone();
+            assert!(mark_ce(&mut m));
+            m
+        })
+        .collect();
+    b.core.handle_frame(1_000, &marked[0]);
+    let out = frames(&mut b);
+    assert_eq!(out.len(), 1, "one CNP");
+    let (cnp, l) = RoceRepr::parse(&out[0]).unwrap();
+    let t = cnp.transport;
+    assert_eq!(t.bth.opcode, opcode::CNP);
+    assert_eq!(
+        (t.bth.dest_qpn, t.bth.resv8a, t.bth.pkey, t.bth.psn),
+        (a.qp, 0x40, 0xffff, 0)
+    );
+    assert_eq!(t.cnp_reserved, Some([0; 16]));
+    assert!(l.payload.is_empty());
+    assert_eq!((cnp.eth.src, cnp.eth.dst), (b.mac, a.mac));
+    match cnp.ip {
+        IpRepr::V4(ip) => assert_eq!((ip.src, ip.dst), (b.ip.octets(), a.ip.octets())),
+        IpRepr::V6(_) => panic!("IPv4 in, IPv4 out"),
+    }
+    assert_eq!(cnp.ip.traffic_class(), 48 << 2, "DSCP 48, Not-ECT");
+    assert_eq!(cnp.udp.src_port, udp_sport_for_ud(a.qp), "the flow's port");
+    // The second mark, 1 µs later: delivered, counted, no second CNP.
+    b.core.handle_frame(2_000, &marked[1]);
+    assert!(frames(&mut b).is_empty());
+    let sb = b.core.qp(b.qp).unwrap().stats();
+    assert_eq!((sb.np_ecn_marked_roce_packets, sb.np_cnp_sent), (2, 1));
+    assert_eq!(wcs(&mut b).len(), 2, "both datagrams were received");
+
+    // The reaction point: each CNP (more than the monitor period apart)
+    // halves A's rate, down to the floor; then its datagrams are paced.
+    for k in 0..12u64 {
+        a.core.handle_frame(3_000 + k * 10_000, &out[0]);
+    }
+    let q = a.core.qp(a.qp).unwrap();
+    assert_eq!(q.stats().rp_cnp_handled, 12);
+    let rate = q.cc().rc;
+    assert!(rate <= 10.0, "{rate}");
+    wcs(&mut a);
+    send(&mut a, 3, ab, b.qp, QKEY, 1000, None);
+    send(&mut a, 4, ab, b.qp, QKEY, 1000, None);
+    // 7 µs after the last cut: before the first increase event.
+    let now = 120_000;
+    let mut buf = vec![0u8; 9000];
+    assert!(a.core.build_frame(now, &mut buf) > 0, "the first leaves");
+    assert_eq!(a.core.build_frame(now, &mut buf), 0, "the second waits");
+    let next = a.core.handle_timers(now).expect("a pacing deadline");
+    assert!(next > now + 500_000, "{}", next - now);
+    assert!(a.core.build_frame(next, &mut buf) > 0);
+}

@@ -331,13 +331,26 @@ pub(crate) fn interop(o: &Options) -> Result<()> {
 }
 
 /// The CE-marking cases: rc_pingpong with its data check, both roles (one
-/// in the quick run).
+/// in the quick run); in the full run also ud_pingpong over our library
+/// (our UD QPs answer marked datagrams with CNPs too), both roles.
 pub(crate) fn ce_cases(quick: bool) -> Vec<Case> {
     let roles: &[bool] = if quick { &[true] } else { &[true, false] };
-    roles
+    let mut v: Vec<Case> = roles
         .iter()
         .map(|&rxe_server| pingpong_case("CE 10%: ", 4096, 100, rxe_server, false))
-        .collect()
+        .collect();
+    if !quick {
+        for rxe_server in [true, false] {
+            v.push(library_pingpong(
+                "CE 10%: ud: ",
+                "ibv_ud_pingpong",
+                "-g 1 -s 1024 -n 100 -c",
+                100,
+                rxe_server,
+            ));
+        }
+    }
+    v
 }
 
 /// Runs `cases` behind a relay that marks 10 % of RoCE frames CE, with the

@@ -307,6 +307,25 @@ impl Default for CcConfig {
     }
 }
 
+/// The network headers that answer a received frame: its addresses and
+/// its UDP source port (the flow's) reversed, to RoCEv2's port.
+fn reply_headers(r: &RoceRepr) -> Option<RoceRepr> {
+    let (local_ip, peer_ip) = match r.ip {
+        IpRepr::V4(ip) => (IpAddr::from(ip.dst), IpAddr::from(ip.src)),
+        IpRepr::V6(ip) => (IpAddr::from(ip.dst), IpAddr::from(ip.src)),
+    };
+    let path = Path {
+        local_mac: r.eth.dst,
+        peer_mac: r.eth.src,
+        local_ip,
+        peer_ip,
+        vlan: r.eth.vlan_tci,
+    };
+    let mut net = path.template(0, 0).ok()?;
+    net.udp.src_port = r.udp.src_port;
+    Some(net)
+}
+
 /// Emits a CNP's network headers: the CNP DSCP, Not-ECT; the template's
 /// own traffic class is restored after.
 fn emit_cnp(net: &mut RoceRepr, dscp: u8, buf: &mut [u8], tl: usize) -> Result<usize, WireError> {
@@ -792,12 +811,18 @@ impl Core {
         let payload = &frame[layout.payload.clone()];
         if repr.ip.traffic_class() & 3 == 3 {
             // CE (ECN 11): the notification point decides on a CNP.
+            let due = slot.qp.cnp_due();
             slot.qp.handle_ce(now, &repr.transport);
+            if slot.qp.qp_type() == QpType::Ud && !due && slot.qp.cnp_due() {
+                // A UD QP has no path of its own: its CNP answers the
+                // marked datagram, over the frame's addresses reversed.
+                slot.net = reply_headers(repr);
+            }
         }
         if slot.qp.qp_type() == QpType::Ud {
             let grh = grh_of(&frame[layout.l3..]);
             slot.qp
-                .handle_datagram(&repr.transport, &grh, payload, &mut self.mem);
+                .handle_datagram(now, &repr.transport, &grh, payload, &mut self.mem);
         } else {
             slot.qp
                 .handle_packet(now, &repr.transport, payload, &mut self.mem);
@@ -902,6 +927,8 @@ impl Core {
             let hl = match (slot.qp.qp_type(), &slot.net) {
                 (QpType::Rc, Some(net)) => net.net_header_len(),
                 (QpType::Rc, None) => continue,
+                // A UD QP's CNP goes back the way its marked datagram came.
+                (QpType::Ud, Some(net)) if slot.qp.cnp_due() => net.net_header_len(),
                 (QpType::Ud, _) => match slot.qp.next_ah() {
                     Some(ah) => self
                         .ahs

@@ -380,6 +380,8 @@ pub struct QpEngine {
     /// The request packet being timed for an RTT sample: its PSN and when
     /// it first left.
     pub(super) rtt_probe: Option<(u32, Nanos)>,
+    /// UD: the QPN the due CNP goes to (the marked datagram's source).
+    pub(super) np_ud_dest: u32,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -459,6 +461,7 @@ impl QpEngine {
             np: dcqcn::Np::default(),
             cc: dcqcn::Dcqcn::new(dcqcn::CcParams::default()),
             rtt_probe: None,
+            np_ud_dest: 0,
         }
     }
 
@@ -495,11 +498,26 @@ impl QpEngine {
         let data = t.flags().has(OpFlags::REQUEST)
             || (opcode::RC_RDMA_READ_RESPONSE_FIRST..=opcode::RC_RDMA_READ_RESPONSE_ONLY)
                 .contains(&opc);
-        if self.qp_type != QpType::Rc || opc >> 5 != 0 || !data {
-            return;
+        let ud_send = matches!(
+            opc,
+            opcode::UD_SEND_ONLY | opcode::UD_SEND_ONLY_WITH_IMMEDIATE
+        );
+        match self.qp_type {
+            QpType::Rc if opc >> 5 == 0 && data => {}
+            // UD: the CNP goes to the datagram's sender, named by its DETH.
+            QpType::Ud if ud_send && t.deth.is_some() => {}
+            _ => return,
         }
         self.stats.np_ecn_marked_roce_packets += 1;
-        self.np.on_ce(now, self.cc.p.np_min_time_between_cnps);
+        if self.np.on_ce(now, self.cc.p.np_min_time_between_cnps) && self.qp_type == QpType::Ud {
+            self.np_ud_dest = t.deth.map_or(0, |d| d.src_qpn);
+        }
+    }
+
+    /// A CNP is due: the driver sends it before anything else of this QP
+    /// (for a UD QP, to the source of the marked datagram).
+    pub fn cnp_due(&self) -> bool {
+        self.np.pending
     }
 
     pub fn qp_type(&self) -> QpType {
@@ -819,15 +837,6 @@ impl QpEngine {
         if buf.len() < self.max_segment_len() {
             return None;
         }
-        if self.qp_type == QpType::Ud {
-            let (len, ah) = self.poll_datagram(mem, buf)?;
-            self.stats.tx_packets += 1;
-            return Some(Transmit {
-                len,
-                ah: Some(ah),
-                cnp: false,
-            });
-        }
         if self.np.pending && !matches!(self.state, QpState::Reset | QpState::Init) {
             // CNPs go first and are not paced; they touch no PSN or ACK
             // state (Annex A17.9.3: BECN set, P_Key 0xffff, PSN 0).
@@ -836,7 +845,11 @@ impl QpEngine {
                 opcode: opcode::CNP,
                 pkey: 0xffff,
                 resv8a: 0x40,
-                dest_qpn: self.dest_qpn,
+                dest_qpn: if self.qp_type == QpType::Ud {
+                    self.np_ud_dest
+                } else {
+                    self.dest_qpn
+                },
                 ..Default::default()
             });
             t.cnp_reserved = Some([0; 16]);
@@ -852,6 +865,17 @@ impl QpEngine {
         // DCQCN below line rate: the QP's packets are spaced at its rate.
         if self.cc.blocked_until(now).is_some() {
             return None;
+        }
+        if self.qp_type == QpType::Ud {
+            let (len, ah) = self.poll_datagram(mem, buf)?;
+            self.cc.sent(now, len);
+            self.stats.tx_packets += 1;
+            self.stats.tx_bytes += len as u64;
+            return Some(Transmit {
+                len,
+                ah: Some(ah),
+                cnp: false,
+            });
         }
         let len = match self.poll_response(mem, buf) {
             Some(n) => n,

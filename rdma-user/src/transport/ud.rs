@@ -8,6 +8,7 @@
 //!
 //! | check | action | counter |
 //! |---|---|---|
+//! | a CNP (0x81, or 0x80): DCQCN's reaction point, as for RC | the QP's rate is cut | `qp.rp_cnp_handled` / `rp_cnp_ignored` |
 //! | opcode is UD SEND ONLY (with or without immediate) | drop | `qp.wrong_transport` |
 //! | P_Key matches | drop | `qp.bad_pkey` |
 //! | QP in RTR, RTS or SQD | drop | `qp.dropped` |
@@ -19,6 +20,11 @@
 //! A receive error does not move a UD QP to the error state (rxe's class D
 //! errors for UD complete the WQE and go on): a datagram anyone can send
 //! must not be able to kill the QP.
+//!
+//! A CE-marked datagram makes the QP send a CNP to its source (the DETH's
+//! QPN, at the frame's source addresses), at most one per
+//! `np_min_time_between_cnps`; a UD QP's sends are paced by its DCQCN rate
+//! as an RC QP's are.
 //!
 //! Multicast (`ibv_attach_mcast`) is not offered.
 
@@ -113,13 +119,24 @@ impl QpEngine {
     /// lengths have been checked by the parser.
     pub fn handle_datagram(
         &mut self,
+        now: Nanos,
         t: &TransportRepr,
         grh: &[u8; GRH_LEN],
         payload: &[u8],
         mem: &mut MrTable,
     ) {
         self.stats.rx_packets += 1;
+        self.stats.rx_bytes += payload.len() as u64;
         let opc = t.bth.opcode;
+        if self.qp_type == QpType::Ud && matches!(opc, opcode::CNP | opcode::CNP_LEGACY) {
+            // The reaction point, as for RC: the QP's datagrams slow down.
+            if self.cc.on_cnp(now) {
+                self.stats.rp_cnp_handled += 1;
+            } else {
+                self.stats.rp_cnp_ignored += 1;
+            }
+            return;
+        }
         if self.qp_type != QpType::Ud
             || !(opc == opcode::UD_SEND_ONLY || opc == opcode::UD_SEND_ONLY_WITH_IMMEDIATE)
         {
