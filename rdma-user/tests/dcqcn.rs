@@ -4,11 +4,12 @@
 //! the sender's rate drops and its packets are paced; CNPs touch no PSN or
 //! ACK state; data packets go out ECT(0) unless ECN is off.
 
+mod cores;
+
 use std::net::{IpAddr, Ipv4Addr};
 
-use rdma_user::device::datapath::{Connect, Core, Limits, Path};
+use rdma_user::device::datapath::{Connect, Core, Path};
 use rdma_user::device::standalone::NO_WC;
-use rdma_user::memory::Access;
 use rdma_user::transport::{QpCap, QpStats, SendWr, Sge, WcStatus, WrOpcode};
 use rdma_user::wire::{opcode, udp_sport_for_qps, IpRepr, RoceRepr, TransportRepr};
 
@@ -25,28 +26,15 @@ struct Host {
 }
 
 fn host(seed: u64, last: u8, ecn: bool) -> Host {
-    let mut core = Core::new(Limits::default(), seed);
-    core.cc.ecn = ecn;
-    let pd = core.alloc_pd();
-    let (addr, lkey, rkey) = core.reg_mr(pd, MR_LEN, Access::ALL).unwrap();
-    let cq = core.create_cq(256).unwrap();
-    let qp = core
-        .create_qp(
-            pd,
-            cq,
-            QpCap {
-                max_send_wr: 64,
-                max_recv_wr: 64,
-            },
-        )
-        .unwrap();
+    let mut s = cores::side(seed, MR_LEN, 256, 64);
+    s.core.cc.ecn = ecn;
     Host {
-        core,
-        qp,
-        cq,
-        addr,
-        lkey,
-        rkey,
+        core: s.core,
+        qp: s.qpn,
+        cq: s.cq,
+        addr: s.addr,
+        lkey: s.lkey,
+        rkey: s.rkey,
         last,
     }
 }

@@ -811,9 +811,8 @@ impl Core {
         let payload = &frame[layout.payload.clone()];
         if repr.ip.traffic_class() & 3 == 3 {
             // CE (ECN 11): the notification point decides on a CNP.
-            let due = slot.qp.cnp_due();
-            slot.qp.handle_ce(now, &repr.transport);
-            if slot.qp.qp_type() == QpType::Ud && !due && slot.qp.cnp_due() {
+            let decided = slot.qp.handle_ce(now, &repr.transport);
+            if decided && slot.qp.qp_type() == QpType::Ud {
                 // A UD QP has no path of its own: its CNP answers the
                 // marked datagram, over the frame's addresses reversed.
                 slot.net = reply_headers(repr);
@@ -1087,20 +1086,7 @@ impl Backoff {
         }
         doorbell.going_to_sleep(now.saturating_add(ns));
         if !work_waiting() && ns > 0 {
-            let ts = libc::timespec {
-                tv_sec: (ns / 1_000_000_000) as libc::time_t,
-                tv_nsec: (ns % 1_000_000_000) as libc::c_long,
-            };
-            // SAFETY: fds is a valid array of pollfd for its length; ts is
-            // a local; no signal mask change.
-            unsafe {
-                libc::ppoll(
-                    fds.as_mut_ptr(),
-                    fds.len() as libc::nfds_t,
-                    &ts,
-                    std::ptr::null(),
-                )
-            };
+            crate::io::ppoll_ns(fds, ns);
         }
         doorbell.woke();
     }

@@ -10,7 +10,7 @@
 
 use std::io::ErrorKind;
 use std::net::{IpAddr, TcpListener, TcpStream};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
@@ -19,7 +19,7 @@ use crate::device::datapath::{Backoff, CcConfig, Connect};
 use crate::device::standalone::{Standalone, NO_WC};
 use crate::io::hostnet;
 use crate::memory::Access;
-use crate::tools::soak::{exchange_hello, path_to, send_line, Hello, LineReader};
+use crate::tools::soak::{exchange_hello, path_to, send_line, side_channel, Hello, LineReader};
 use crate::transport::{QpAttr, QpCap, QpStats, SendWr, Sge, WcStatus, WrOpcode};
 
 /// The server's WRITE target: every client writes its messages here.
@@ -89,12 +89,6 @@ pub struct ServerReport {
     pub seconds: f64,
 }
 
-fn unix_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
-}
-
 fn open(o: &Options) -> Result<Standalone> {
     if o.size == 0 || o.size > AREA {
         bail!("--size {}: a WRITE is 1 to {AREA} bytes", o.size);
@@ -140,11 +134,7 @@ pub fn run(o: &Options) -> Result<FlowReport> {
         },
     )?;
     let psn = dev.dp.core.random_psn();
-    let mut tcp = crate::tools::bench::oob_connect(o.server, o.port, o.connect_timeout)?;
-    tcp.set_nodelay(true)?;
-    tcp.set_nonblocking(true)?;
-    let peer_ip = tcp.peer_addr()?.ip().to_canonical();
-    let ip = hostnet::local_addr_for(&o.iface, peer_ip)?;
+    let (mut tcp, ip) = side_channel(&o.iface, o.server, o.port, o.connect_timeout)?;
     let mut backoff = Backoff::new(o.adaptive);
     let mut lines = LineReader::default();
     let ours = Hello {
@@ -168,13 +158,13 @@ pub fn run(o: &Options) -> Result<FlowReport> {
     let start_ns = match o.start_at {
         Some(ms) => {
             let at = ms * 1_000_000;
-            while unix_ns() < at {
+            while super::unix_ns() < at {
                 let (work, next) = dev.dp.poll();
                 backoff.after_poll(dev.dp.now(), work, next);
             }
             at
         }
-        None => unix_ns(),
+        None => super::unix_ns(),
     };
     let start = Instant::now();
     let bin_ns = o.bin_ms * 1e6;

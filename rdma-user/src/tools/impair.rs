@@ -339,7 +339,7 @@ impl Impairer {
             // Bytes still queued ahead of this frame at the bottleneck.
             let bytes_per_ns = self.cfg.rate_mbit / 8000.0;
             let free = self.link_free_at[dir].max(now);
-            let queued = ((free - now) as f64 * bytes_per_ns) as u64;
+            let queued = self.queued_bytes(dir, now);
             let len = frame.len().saturating_sub(prefix) as u64;
             if queued + len > self.cfg.queue_bytes {
                 self.stats[dir].bottleneck_drops += 1;

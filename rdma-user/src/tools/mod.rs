@@ -36,3 +36,11 @@ pub(crate) fn stop_on_signals() {
 pub(crate) fn stop_requested() -> bool {
     STOP.load(Ordering::Relaxed)
 }
+
+/// The wall clock, Unix nanoseconds: the one clock that processes in
+/// different namespaces (a relay, its flows) share.
+pub(crate) fn unix_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}

@@ -11,7 +11,7 @@
 //! CNPs coming back, and the queue's depth.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
@@ -22,7 +22,7 @@ use crate::tools::impair::{is_ce, roce_payload_offset, DirStats, ImpairConfig, I
 #[derive(Debug, Clone, Serialize)]
 pub struct RelayReport {
     pub config: ImpairConfig,
-    /// The A ports, then B.
+    /// The A ports (one, or a switch's several).
     pub a: Vec<String>,
     pub b: String,
     /// Frames that came from A (and went towards B), and the reverse.
@@ -184,12 +184,7 @@ pub fn run(o: RelayOptions, cfg: ImpairConfig) -> Result<(RelayReport, Option<Ti
     }
     let mut imp = Impairer::new(cfg);
     let start = Instant::now();
-    let unix_ns = || {
-        SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64)
-    };
-    let start_unix_ns = unix_ns();
+    let start_unix_ns = super::unix_ns();
     let mut timeline = o.timeline_bin.map(|b| Timeline {
         bin_ms: b.as_secs_f64() * 1e3,
         start_unix_ns,
@@ -201,7 +196,7 @@ pub fn run(o: RelayOptions, cfg: ImpairConfig) -> Result<(RelayReport, Option<Ti
     // The relay's clock is the kernel's receive stamps' (wall clock, from
     // the start): a frame read late, in a batch, entered the queue when it
     // arrived, not when the relay got to it.
-    let now = || unix_ns().saturating_sub(start_unix_ns);
+    let now = || super::unix_ns().saturating_sub(start_unix_ns);
     // Which A port each source MAC was seen on.
     let mut port_of: HashMap<[u8; 6], usize> = HashMap::new();
     // Frames read in one round, from every port, put in arrival order:
@@ -280,19 +275,7 @@ pub fn run(o: RelayOptions, cfg: ImpairConfig) -> Result<(RelayReport, Option<Ti
             .map(|t| t.saturating_sub(now()))
             .unwrap_or(100_000_000)
             .min(100_000_000);
-        let ts = libc::timespec {
-            tv_sec: (wait_ns / 1_000_000_000) as i64,
-            tv_nsec: (wait_ns % 1_000_000_000) as i64,
-        };
-        // SAFETY: fds and ts are valid for the call; fds.len() is its length.
-        unsafe {
-            libc::ppoll(
-                fds.as_mut_ptr(),
-                fds.len() as libc::nfds_t,
-                &ts,
-                std::ptr::null(),
-            )
-        };
+        crate::io::ppoll_ns(&mut fds, wait_ns);
     }
     // Whatever is still delayed is delivered, not lost.
     let t = now();

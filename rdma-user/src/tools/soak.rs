@@ -182,6 +182,23 @@ pub(crate) fn send_line<T: Serialize>(s: &mut TcpStream, v: &T) -> Result<()> {
     Ok(())
 }
 
+/// The side channel to the peer (connected as a client, or the first
+/// client accepted), non-blocking, and our address facing the peer on
+/// `iface`.
+pub(crate) fn side_channel(
+    iface: &str,
+    server: Option<IpAddr>,
+    port: u16,
+    timeout: Duration,
+) -> Result<(TcpStream, IpAddr)> {
+    let tcp = crate::tools::bench::oob_connect(server, port, timeout)?;
+    tcp.set_nodelay(true)?;
+    tcp.set_nonblocking(true)?;
+    let peer = tcp.peer_addr()?.ip().to_canonical();
+    let local_ip = hostnet::local_addr_for(iface, peer)?;
+    Ok((tcp, local_ip))
+}
+
 /// Sends our connection details and reads the peer's, the data path
 /// running meanwhile.
 pub(crate) fn exchange_hello(
@@ -253,12 +270,8 @@ fn setup(
     let cq = dev.dp.core.create_cq(8192)?;
     let qpn = dev.dp.core.create_qp(pd, cq, cap)?;
     let psn = dev.dp.core.random_psn();
-    let mut tcp = crate::tools::bench::oob_connect(o.server, o.port, o.connect_timeout)?;
-    tcp.set_nodelay(true)?;
-    tcp.set_nonblocking(true)?;
+    let (mut tcp, local_ip) = side_channel(&o.iface, o.server, o.port, o.connect_timeout)?;
     let mut lines = LineReader::default();
-    let peer_addr = tcp.peer_addr()?.ip().to_canonical();
-    let local_ip = hostnet::local_addr_for(&o.iface, peer_addr)?;
     let mut backoff = Backoff::new(o.adaptive);
     let ours = Hello {
         qpn,

@@ -491,9 +491,11 @@ impl QpEngine {
     }
 
     /// The notification point: the IP header of this packet for the QP
-    /// carried CE. A request or READ response makes a CNP due (RC only; at
-    /// most one per `np_min_time_between_cnps`).
-    pub fn handle_ce(&mut self, now: Nanos, t: &TransportRepr) {
+    /// carried CE. An RC request or READ response, or a UD SEND, makes a
+    /// CNP due (at most one per `np_min_time_between_cnps`). Returns
+    /// whether this packet made one due (a UD QP's then goes to its
+    /// sender).
+    pub fn handle_ce(&mut self, now: Nanos, t: &TransportRepr) -> bool {
         let opc = t.bth.opcode;
         let data = t.flags().has(OpFlags::REQUEST)
             || (opcode::RC_RDMA_READ_RESPONSE_FIRST..=opcode::RC_RDMA_READ_RESPONSE_ONLY)
@@ -506,11 +508,25 @@ impl QpEngine {
             QpType::Rc if opc >> 5 == 0 && data => {}
             // UD: the CNP goes to the datagram's sender, named by its DETH.
             QpType::Ud if ud_send && t.deth.is_some() => {}
-            _ => return,
+            _ => return false,
         }
         self.stats.np_ecn_marked_roce_packets += 1;
-        if self.np.on_ce(now, self.cc.p.np_min_time_between_cnps) && self.qp_type == QpType::Ud {
+        if !self.np.on_ce(now, self.cc.p.np_min_time_between_cnps) {
+            return false;
+        }
+        if self.qp_type == QpType::Ud {
             self.np_ud_dest = t.deth.map_or(0, |d| d.src_qpn);
+        }
+        true
+    }
+
+    /// A CNP arrived for this QP (RC or UD): DCQCN's reaction point acts
+    /// on it or counts it ignored.
+    pub(super) fn handle_cnp(&mut self, now: Nanos) {
+        if self.cc.on_cnp(now) {
+            self.stats.rp_cnp_handled += 1;
+        } else {
+            self.stats.rp_cnp_ignored += 1;
         }
     }
 
@@ -866,27 +882,22 @@ impl QpEngine {
         if self.cc.blocked_until(now).is_some() {
             return None;
         }
-        if self.qp_type == QpType::Ud {
+        let (len, ah) = if self.qp_type == QpType::Ud {
             let (len, ah) = self.poll_datagram(mem, buf)?;
-            self.cc.sent(now, len);
-            self.stats.tx_packets += 1;
-            self.stats.tx_bytes += len as u64;
-            return Some(Transmit {
-                len,
-                ah: Some(ah),
-                cnp: false,
-            });
-        }
-        let len = match self.poll_response(mem, buf) {
-            Some(n) => n,
-            None => self.poll_request(now, mem, buf)?,
+            (len, Some(ah))
+        } else {
+            let len = match self.poll_response(mem, buf) {
+                Some(n) => n,
+                None => self.poll_request(now, mem, buf)?,
+            };
+            (len, None)
         };
         self.cc.sent(now, len);
         self.stats.tx_packets += 1;
         self.stats.tx_bytes += len as u64;
         Some(Transmit {
             len,
-            ah: None,
+            ah,
             cnp: false,
         })
     }
@@ -937,11 +948,7 @@ impl QpEngine {
         self.stats.rx_bytes += payload.len() as u64;
         if matches!(t.bth.opcode, opcode::CNP | opcode::CNP_LEGACY) {
             // The reaction point; never PSN or ACK state.
-            if self.cc.on_cnp(now) {
-                self.stats.rp_cnp_handled += 1;
-            } else {
-                self.stats.rp_cnp_ignored += 1;
-            }
+            self.handle_cnp(now);
             return;
         }
         let flags = t.flags();

@@ -130,11 +130,7 @@ impl QpEngine {
         let opc = t.bth.opcode;
         if self.qp_type == QpType::Ud && matches!(opc, opcode::CNP | opcode::CNP_LEGACY) {
             // The reaction point, as for RC: the QP's datagrams slow down.
-            if self.cc.on_cnp(now) {
-                self.stats.rp_cnp_handled += 1;
-            } else {
-                self.stats.rp_cnp_ignored += 1;
-            }
+            self.handle_cnp(now);
             return;
         }
         if self.qp_type != QpType::Ud

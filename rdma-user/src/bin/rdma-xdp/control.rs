@@ -57,6 +57,13 @@ pub struct UpArgs {
     /// in XDP.
     #[arg(long)]
     pub firewall: bool,
+    #[command(flatten)]
+    pub cc: CcArgs,
+}
+
+/// ECN and DCQCN of a device (the daemon's, a flow tool's).
+#[derive(Args)]
+pub struct CcArgs {
     /// Send data packets Not-ECT (default: ECT(0), as RoCE NICs do).
     #[arg(long)]
     pub no_ecn: bool,
@@ -70,6 +77,21 @@ pub struct UpArgs {
     /// rp_time_reset=300, ...; rates in Mbit/s, times in µs). Repeatable.
     #[arg(long = "cc", value_name = "NAME=VALUE")]
     pub cc: Vec<String>,
+}
+
+impl CcArgs {
+    pub fn config(&self) -> Result<rdma_user::device::datapath::CcConfig> {
+        let mut cc = rdma_user::device::datapath::CcConfig {
+            ecn: !self.no_ecn,
+            cnp_dscp: self.cnp_dscp.min(63),
+            ..Default::default()
+        };
+        cc.params.enabled = !self.no_dcqcn;
+        for kv in &self.cc {
+            cc.params.set(kv).map_err(|e| anyhow!("--cc {e}"))?;
+        }
+        Ok(cc)
+    }
 }
 #[derive(Subcommand)]
 pub enum MrCmd {
@@ -262,18 +284,7 @@ pub fn up(a: UpArgs, g: &Global) -> Result<()> {
             ..Default::default()
         },
         firewall: a.firewall,
-        cc: {
-            let mut cc = rdma_user::device::datapath::CcConfig {
-                ecn: !a.no_ecn,
-                cnp_dscp: a.cnp_dscp.min(63),
-                ..Default::default()
-            };
-            cc.params.enabled = !a.no_dcqcn;
-            for kv in &a.cc {
-                cc.params.set(kv).map_err(|e| anyhow!("--cc {e}"))?;
-            }
-            cc
-        },
+        cc: a.cc.config()?,
     })
 }
 

@@ -186,14 +186,8 @@ pub struct SoakArgs {
     /// Local ACK timeout exponent (4.096 us * 2^N).
     #[arg(long, default_value_t = 12)]
     pub ack_timeout: u8,
-    /// Busy-poll instead of sleeping when idle.
-    #[arg(long)]
-    pub spin: bool,
-    #[arg(long)]
-    pub cpu: Option<usize>,
-    /// Seconds to wait for the peer.
-    #[arg(long, default_value_t = 10)]
-    pub peer_timeout: u64,
+    #[command(flatten)]
+    pub run: RunArgs,
     /// Fail when no operation completes for this many seconds.
     #[arg(long, default_value_t = 30)]
     pub stall_timeout: u64,
@@ -230,34 +224,27 @@ pub struct FlowArgs {
     /// The client's time bins, milliseconds.
     #[arg(long, default_value_t = 10.0)]
     pub bin_ms: f64,
-    /// Send data packets Not-ECT.
-    #[arg(long)]
-    pub no_ecn: bool,
-    /// Turn DCQCN's reaction point off (CNPs are counted and ignored).
-    #[arg(long)]
-    pub no_dcqcn: bool,
-    /// A DCQCN tunable by its mlx5 cc_params name (NAME=VALUE). Repeatable.
-    #[arg(long = "cc", value_name = "NAME=VALUE")]
-    pub cc: Vec<String>,
+    #[command(flatten)]
+    pub cc: crate::control::CcArgs,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// How a tool's data path runs and how long it waits for its peer.
+#[derive(Args)]
+pub struct RunArgs {
     /// Busy-poll instead of sleeping when idle.
     #[arg(long)]
     pub spin: bool,
     #[arg(long)]
     pub cpu: Option<usize>,
-    /// Seconds to wait for the server.
+    /// Seconds to wait for the peer.
     #[arg(long, default_value_t = 10)]
     pub peer_timeout: u64,
 }
 
 pub fn flow(a: FlowArgs, json_file: Option<PathBuf>) -> Result<()> {
-    let mut cc = rdma_user::device::datapath::CcConfig {
-        ecn: !a.no_ecn,
-        ..Default::default()
-    };
-    cc.params.enabled = !a.no_dcqcn;
-    for kv in &a.cc {
-        cc.params.set(kv).map_err(|e| anyhow!("--cc {e}"))?;
-    }
+    let cc = a.cc.config()?;
     let o = rdma_user::tools::flow::Options {
         iface: a.dev,
         server: a.server,
@@ -269,9 +256,9 @@ pub fn flow(a: FlowArgs, json_file: Option<PathBuf>) -> Result<()> {
         seconds: a.seconds,
         bin_ms: a.bin_ms,
         cc,
-        cpu: a.cpu,
-        adaptive: !a.spin,
-        connect_timeout: Duration::from_secs(a.peer_timeout),
+        cpu: a.run.cpu,
+        adaptive: !a.run.spin,
+        connect_timeout: Duration::from_secs(a.run.peer_timeout),
     };
     let out =
         if o.server.is_some() {
@@ -461,9 +448,9 @@ pub fn soak(a: SoakArgs, json_file: Option<PathBuf>) -> Result<()> {
         tx_depth: a.tx_depth,
         mtu: a.mtu,
         ack_timeout: a.ack_timeout,
-        adaptive: !a.spin,
-        cpu: a.cpu,
-        connect_timeout: Duration::from_secs(a.peer_timeout),
+        adaptive: !a.run.spin,
+        cpu: a.run.cpu,
+        connect_timeout: Duration::from_secs(a.run.peer_timeout),
         stall_timeout: Duration::from_secs(a.stall_timeout),
         progress: true,
         dcqcn: !a.no_dcqcn,
