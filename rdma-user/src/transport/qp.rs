@@ -872,6 +872,7 @@ impl QpEngine {
             let len = Self::emit(&t, 0, buf);
             self.stats.np_cnp_sent += 1;
             self.stats.tx_packets += 1;
+            self.stats.tx_bytes += len as u64;
             return Some(Transmit {
                 len,
                 ah: None,
