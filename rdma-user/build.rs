@@ -10,6 +10,15 @@ fn main() -> anyhow::Result<()> {
         .ok_or_else(|| anyhow!("rdma-user has no parent directory"))?
         .join("rdma-ebpf");
     let root = root.to_str().ok_or_else(|| anyhow!("non-UTF-8 path"))?;
+    // The XDP program embeds rdma-common's opcode table and header
+    // layouts; aya-build watches only the eBPF crate itself, so a change
+    // there would otherwise leave a stale object in the binary.
+    let common = std::path::Path::new(&manifest)
+        .parent()
+        .ok_or_else(|| anyhow!("rdma-user has no parent directory"))?
+        .join("rdma-common");
+    println!("cargo:rerun-if-changed={}", common.join("src").display());
+    println!("cargo:rerun-if-changed={}", common.join("Cargo.toml").display());
     aya_build::build_ebpf(
         [aya_build::Package {
             name: "rdma-ebpf",

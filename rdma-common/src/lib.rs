@@ -297,6 +297,11 @@ impl Deth {
 /// The 16 reserved bytes that follow the BTH of a RoCEv2 CNP (Annex A17.9.3).
 pub const CNP_RESERVED_LEN: usize = 16;
 
+/// The selective-repeat ACK's bitmap (see [`opcode::SR_SACK`]): bit `i`
+/// (byte `i / 8`, least significant bit first) says the responder holds
+/// PSN `BTH.PSN + 1 + i`.
+pub const SACK_BITMAP_LEN: usize = 32;
+
 /// IBA opcodes. Bits 7..5 select the transport, bits 4..0 the operation.
 pub mod opcode {
     pub const RC_SEND_FIRST: u8 = 0x00;
@@ -344,6 +349,14 @@ pub mod opcode {
     /// The CNP opcode some implementations send instead, without the 16
     /// reserved bytes (accepted on receive, never sent).
     pub const CNP_LEGACY: u8 = 0x80;
+
+    /// Selective-repeat ACK, only between two of our stacks that negotiated
+    /// selective repeat (never sent to any other peer). A manufacturer-
+    /// specific opcode (IBA table 38 leaves 0xc0-0xff to vendors): BTH
+    /// (PSN = the first PSN the responder still misses), AETH (an ACK
+    /// syndrome and the MSN), then a [`SACK_BITMAP_LEN`]-byte bitmap of the
+    /// PSNs after it that it already holds.
+    pub const SR_SACK: u8 = 0xc0;
 }
 
 /// What an opcode implies, as bit flags: which extension headers follow the
@@ -385,6 +398,10 @@ impl OpFlags {
     /// with NAK Invalid Request, so such a packet must reach the QP: no
     /// extension headers are assumed, the rest is payload. (rxe drops it.)
     pub const RESERVED: OpFlags = OpFlags(1 << 21);
+    /// A selective ACK (opcode SR_SACK).
+    pub const SACK: OpFlags = OpFlags(1 << 22);
+    /// The SACK bitmap header ([`SACK_BITMAP_LEN`] bytes, after the AETH).
+    pub const SACK_BITMAP: OpFlags = OpFlags(1 << 23);
 
     #[inline(always)]
     pub const fn bits(self) -> u32 {
@@ -548,13 +565,17 @@ const fn opcode_def(opc: u8) -> (&'static str, OpFlags) {
         ),
         opcode::CNP => ("CNP", f(&[F::CNP, F::ONLY, F::CNP_RESERVED])),
         opcode::CNP_LEGACY => ("CNP_LEGACY", f(&[F::CNP, F::ONLY])),
+        opcode::SR_SACK => (
+            "SR_SACK",
+            f(&[F::SACK, F::ONLY, F::AETH, F::SACK_BITMAP]),
+        ),
         _ => ("UNKNOWN", F::UNKNOWN),
     }
 }
 
 /// Length of the extension headers selected by `flags`.
 pub const fn ext_headers_len(flags: OpFlags) -> usize {
-    const LENS: [(OpFlags, usize); 8] = [
+    const LENS: [(OpFlags, usize); 9] = [
         (OpFlags::RETH, Reth::LEN),
         (OpFlags::ATOMIC_ETH, AtomicEth::LEN),
         (OpFlags::DETH, Deth::LEN),
@@ -563,6 +584,7 @@ pub const fn ext_headers_len(flags: OpFlags) -> usize {
         (OpFlags::IMM, ImmDt::LEN),
         (OpFlags::IETH, Ieth::LEN),
         (OpFlags::CNP_RESERVED, CNP_RESERVED_LEN),
+        (OpFlags::SACK_BITMAP, SACK_BITMAP_LEN),
     ];
     let mut n = 0;
     let mut i = 0;

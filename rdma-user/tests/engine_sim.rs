@@ -100,6 +100,39 @@ impl Profile {
     }
 }
 
+/// Recovery mode of the pair: go-back-N (what every other peer gets),
+/// negotiated selective repeat, or selective repeat on one side only (a
+/// peer that did not negotiate, or lies: must still deliver exactly once).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Gbn,
+    Sr,
+    Mixed,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Gbn => "gbn",
+            Mode::Sr => "sr",
+            Mode::Mixed => "mixed",
+        }
+    }
+    fn from_name(s: &str) -> Mode {
+        [Mode::Gbn, Mode::Sr, Mode::Mixed]
+            .into_iter()
+            .find(|m| m.name() == s)
+            .unwrap_or_else(|| panic!("unknown SIM_MODE {s}"))
+    }
+    fn sides(self) -> [bool; 2] {
+        match self {
+            Mode::Gbn => [false, false],
+            Mode::Sr => [true, true],
+            Mode::Mixed => [true, false],
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct Report {
     wrs: u64,
@@ -450,7 +483,7 @@ fn check_wc(
 
 // Both nodes and both sides are indexed in step; a range loop says that best.
 #[allow(clippy::needless_range_loop)]
-fn run(seed: u64, profile: Profile) -> Result<Report, String> {
+fn run(seed: u64, profile: Profile, mode: Mode) -> Result<Report, String> {
     let mut rng = Rng(seed);
     let mtu = [256u32, 512, 1024, 2048, 4096][rng.below(5) as usize];
     let mut psn = || {
@@ -474,7 +507,7 @@ fn run(seed: u64, profile: Profile) -> Result<Report, String> {
     let rnr_code = if profile == Profile::Rnr { 1 } else { 12 };
     {
         let [a, b] = &mut nodes;
-        connect(a, b, mtu, psn_a, psn_b, rnr_code);
+        connect_with(a, b, mtu, psn_a, psn_b, rnr_code, mode.sides());
     }
     let mk_side = || Side {
         pending: VecDeque::new(),
@@ -719,22 +752,27 @@ fn trace_frame(now: u64, to: usize, f: &[u8]) {
     }
 }
 
-fn repro(seed: u64, p: Profile) -> String {
+fn repro(seed: u64, p: Profile, mode: Mode) -> String {
     format!(
-        "reproduce with: SIM_SEED={seed} SIM_PROFILE={} cargo test -p rdma-user --test engine_sim replay -- --nocapture",
-        p.name()
+        "reproduce with: SIM_SEED={seed} SIM_PROFILE={} SIM_MODE={} cargo test -p rdma-user --test engine_sim replay -- --nocapture",
+        p.name(),
+        mode.name()
     )
 }
 
 /// `SIM_SEEDS=N` runs N seeds per profile instead of the default (a soak).
 fn sweep(profile: Profile, default_seeds: u64) {
+    sweep_mode(profile, Mode::Gbn, default_seeds)
+}
+
+fn sweep_mode(profile: Profile, mode: Mode, default_seeds: u64) {
     let seeds = std::env::var("SIM_SEEDS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(default_seeds);
     let mut total = Report::default();
     for seed in 0..seeds {
-        match run(seed, profile) {
+        match run(seed, profile, mode) {
             Ok(r) => {
                 total.wrs += r.wrs;
                 total.retransmits += r.retransmits;
@@ -742,15 +780,17 @@ fn sweep(profile: Profile, default_seeds: u64) {
                 total.exhausted += r.exhausted;
             }
             Err(e) => panic!(
-                "seed {seed} profile {}: {e}\n{}",
+                "seed {seed} profile {} mode {}: {e}\n{}",
                 profile.name(),
-                repro(seed, profile)
+                mode.name(),
+                repro(seed, profile, mode)
             ),
         }
     }
     eprintln!(
-        "{:>9}: {seeds} seeds, {} WRs, {} frames, {} retransmits, {} runs ended in RETRY_EXC_ERR",
+        "{:>9} {:>5}: {seeds} seeds, {} WRs, {} frames, {} retransmits, {} runs ended in RETRY_EXC_ERR",
         profile.name(),
+        mode.name(),
         total.wrs,
         total.frames,
         total.retransmits,
@@ -816,8 +856,32 @@ fn replay() {
     };
     let seed: u64 = seed.parse().expect("SIM_SEED is a number");
     let p = Profile::from_name(&p);
-    match run(seed, p) {
-        Ok(r) => eprintln!("seed {seed} {}: ok {r:?}", p.name()),
-        Err(e) => panic!("seed {seed} {}: {e}", p.name()),
+    let mode = Mode::from_name(&std::env::var("SIM_MODE").unwrap_or_else(|_| "gbn".into()));
+    match run(seed, p, mode) {
+        Ok(r) => eprintln!("seed {seed} {} {}: ok {r:?}", p.name(), mode.name()),
+        Err(e) => panic!("seed {seed} {} {}: {e}", p.name(), mode.name()),
+    }
+}
+
+/// Selective repeat between a negotiated pair: every profile, the same
+/// invariants.
+#[test]
+fn selective_repeat_every_profile() {
+    for p in PROFILES {
+        let seeds = match p {
+            Profile::Heavy => SEEDS / 2,
+            Profile::Rnr => SEEDS / 4,
+            _ => SEEDS,
+        };
+        sweep_mode(p, Mode::Sr, seeds);
+    }
+}
+
+/// One side selective, the other go-back-N (a peer that never negotiated,
+/// or one that lies about it): slower, still exactly once.
+#[test]
+fn selective_repeat_against_go_back_n() {
+    for p in PROFILES {
+        sweep_mode(p, Mode::Mixed, SEEDS / 4);
     }
 }

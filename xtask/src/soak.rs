@@ -37,13 +37,26 @@ pub(crate) fn soak(ops: u64, seed: u64) -> Result<()> {
     ];
     let mut rows: Vec<Value> = Vec::new();
     let mut failures = Vec::new();
-    for (k, (name, flags)) in configs.iter().enumerate() {
-        eprintln!("[{}/{}] {name}: {ops} operations", k + 1, configs.len());
+    // Each fault in both recovery modes, one after the other, so the two
+    // are compared within one run: selective repeat (both sides offer it)
+    // and go-back-N (the client does not offer it).
+    let only = std::env::var("SOAK_ONLY").ok();
+    let runs: Vec<(&str, &str, &str)> = configs
+        .iter()
+        .filter(|(name, _)| only.as_deref().is_none_or(|o| o == *name))
+        .flat_map(|&(name, flags)| [(name, flags, "sr"), (name, flags, "gbn")])
+        .collect();
+    for (k, &(name, flags, mode)) in runs.iter().enumerate() {
+        eprintln!(
+            "[{}/{}] {name}, {mode}: {ops} operations",
+            k + 1,
+            runs.len()
+        );
         let rj = out_dir.join("relay.json");
         let cj = out_dir.join("client.json");
         let _ = std::fs::remove_file(&rj);
         let _ = std::fs::remove_file(&cj);
-        let sl = out_dir.join("server.log");
+        let sl = out_dir.join(format!("server-{}-{mode}.log", name.replace([' ', '%'], "")));
         let relay = Running(
             Command::new("ip")
                 .args(["netns", "exec", &ns[1]])
@@ -71,6 +84,7 @@ pub(crate) fn soak(ops: u64, seed: u64) -> Result<()> {
             .args(["soak", addrs[1], "--dev", devs[0], "-n", &ops.to_string()])
             .args(["--seed", &seed.to_string(), "--json"])
             .arg(&cj)
+            .args((mode == "gbn").then_some("--no-selective-repeat"))
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .status()?;
@@ -84,19 +98,26 @@ pub(crate) fn soak(ops: u64, seed: u64) -> Result<()> {
         let rep = read_json(&cj);
         let relay_rep: Value = read_json(&rj).unwrap_or(Value::Null);
         match rep {
-            Some(r) if client.success() => rows.push(json!({
-                "fault": name, "relay_flags": flags, "report": r, "relay": relay_rep
+            Some(r) if client.success() && r["mode"] == mode => rows.push(json!({
+                "fault": name, "mode": mode, "relay_flags": flags, "report": r, "relay": relay_rep
             })),
+            Some(r) if client.success() => {
+                failures.push(format!(
+                    "{name}: asked for {mode}, the peers agreed on {}",
+                    r["mode"]
+                ));
+                rows.push(json!({"fault": name, "mode": mode, "relay_flags": flags, "report": Value::Null, "relay": relay_rep}));
+            }
             other => {
                 failures.push(format!(
-                    "{name}: client {} {}; server: {}",
+                    "{name} ({mode}): client {} {}; server: {}",
                     client,
                     other
                         .map(|r| r["first_error"].to_string())
                         .unwrap_or_default(),
                     std::fs::read_to_string(&sl).unwrap_or_default().trim()
                 ));
-                rows.push(json!({"fault": name, "relay_flags": flags, "report": Value::Null, "relay": relay_rep}));
+                rows.push(json!({"fault": name, "mode": mode, "relay_flags": flags, "report": Value::Null, "relay": relay_rep}));
             }
         }
     }
@@ -105,14 +126,34 @@ pub(crate) fn soak(ops: u64, seed: u64) -> Result<()> {
         out_dir.join("results.json"),
         serde_json::to_string_pretty(&rows)?,
     )?;
-    let clean_gbps = rows
-        .first()
-        .and_then(|r| r["report"]["goodput_gbps"].as_f64())
-        .unwrap_or(0.0);
+    // Goodput of a fault in a mode, and its ratio to the clean row of the
+    // same mode.
+    let goodput = |fault: &str, mode: &str| {
+        rows.iter()
+            .find(|r| r["fault"] == fault && r["mode"] == mode)
+            .and_then(|r| r["report"]["goodput_gbps"].as_f64())
+    };
     let mut md = String::from(
-        "| fault | ops | verified | lost | dup | corrupt | s | goodput Gb/s | vs clean | retransmits | timeouts | relay drop/dup/corrupt/reorder/CE | CNPs handled |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| fault | selective repeat Gb/s | vs clean | go-back-N Gb/s | vs clean | SR / GBN |\n|---|---|---|---|---|---|\n",
     );
+    for (name, _) in &configs {
+        let cell = |mode: &str| match (goodput(name, mode), goodput("clean", mode)) {
+            (Some(g), Some(c)) if c > 0.0 => (format!("{g:.3}"), format!("{:.2}x", g / c)),
+            (Some(g), _) => (format!("{g:.3}"), String::new()),
+            _ => ("FAILED".into(), String::new()),
+        };
+        let (sg, sr) = cell("sr");
+        let (gg, gr) = cell("gbn");
+        let ratio = match (goodput(name, "sr"), goodput(name, "gbn")) {
+            (Some(a), Some(b)) if b > 0.0 => format!("{:.1}x", a / b),
+            _ => String::new(),
+        };
+        md += &format!("| {name} | {sg} | {sr} | {gg} | {gr} | {ratio} |\n");
+    }
+    md += "\n| fault | mode | ops | verified | lost | dup | corrupt | s | goodput Gb/s | vs clean | retransmits | timeouts | SACKs | relay drop/dup/corrupt/reorder/CE | CNPs handled |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     for r in &rows {
+        let mode = r["mode"].as_str().unwrap_or("");
+        let clean_gbps = goodput("clean", mode).unwrap_or(0.0);
         let p = &r["report"];
         let rel = |k: &str| {
             r["relay"]["a_to_b"][k].as_u64().unwrap_or(0)
@@ -120,7 +161,7 @@ pub(crate) fn soak(ops: u64, seed: u64) -> Result<()> {
         };
         if p.is_null() {
             md += &format!(
-                "| {} | FAILED | | | | | | | | | | | |\n",
+                "| {} | {mode} | FAILED | | | | | | | | | | | | |\n",
                 r["fault"].as_str().unwrap_or("")
             );
             continue;
@@ -128,7 +169,7 @@ pub(crate) fn soak(ops: u64, seed: u64) -> Result<()> {
         let g = p["goodput_gbps"].as_f64().unwrap_or(0.0);
         md +=
             &format!(
-            "| {} | {} | {} | {} | {} | {} | {:.1} | {:.3} | {:+.0} % | {} | {} | {}/{}/{}/{}/{} | {} |\n",
+            "| {} | {mode} | {} | {} | {} | {} | {} | {:.1} | {:.3} | {:+.0} % | {} | {} | {} | {}/{}/{}/{}/{} | {} |\n",
             r["fault"].as_str().unwrap_or(""),
             p["ops"],
             p["completed"],
@@ -140,6 +181,7 @@ pub(crate) fn soak(ops: u64, seed: u64) -> Result<()> {
             if clean_gbps > 0.0 { (g / clean_gbps - 1.0) * 100.0 } else { 0.0 },
             p["retransmits"],
             p["timeouts"],
+            p["sacks_received"],
             rel("dropped"),
             rel("duplicated"),
             rel("corrupted"),

@@ -54,6 +54,8 @@ pub struct UpOptions {
     pub firewall: bool,
     /// ECN and DCQCN.
     pub cc: crate::device::datapath::CcConfig,
+    /// Offer selective repeat in the daemon-to-daemon QP exchange.
+    pub selective_repeat: bool,
 }
 
 /// Control-plane state shared by the connection handlers.
@@ -69,6 +71,8 @@ struct Ctl {
     next_srq: std::sync::atomic::AtomicU32,
     next_wr_id: std::sync::atomic::AtomicU64,
     firewall: bool,
+    /// Whether this daemon offers selective repeat to its peers.
+    selective_repeat: bool,
     stop: Arc<AtomicBool>,
     socket_mode: String,
 }
@@ -158,6 +162,7 @@ pub fn run(opts: UpOptions) -> Result<()> {
         next_srq: std::sync::atomic::AtomicU32::new(1),
         next_wr_id: std::sync::atomic::AtomicU64::new(1),
         firewall: opts.firewall,
+        selective_repeat: opts.selective_repeat,
         stop: stop.clone(),
         socket_mode: socket_mode.clone(),
     });
@@ -540,7 +545,8 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
                 .parse()
                 .map_err(|_| anyhow!("--remote-ip '{remote_ip}' is not an IP address"))?;
             let path = resolve_path(ctl, peer, remote_mac).await?;
-            let v = connect_local(ctl, qpn, path, remote_qpn, remote_psn, psn, mtu.unwrap_or(1024)).await?;
+            // Known remote values, no exchange: nothing was negotiated.
+            let v = connect_local(ctl, qpn, path, remote_qpn, remote_psn, psn, mtu.unwrap_or(1024), false).await?;
             Ok(v)
         }
         Request::QpPeer { qpn, peer, remote_qpn, mtu } => {
@@ -634,6 +640,7 @@ async fn connect_local(
     remote_psn: u32,
     psn: Option<u32>,
     mtu: u32,
+    selective_repeat: bool,
 ) -> Result<Value> {
     let v = ctl
         .run(move |dp| {
@@ -644,11 +651,13 @@ async fn connect_local(
                     path,
                     &Connect {
                         max_rd_atomic: 16,
+                        selective_repeat,
                         ..Connect::new(remote_qpn, remote_psn, local_psn, mtu)
                     },
                 )?;
             Ok(json!({"qpn": qpn, "psn": local_psn, "remote_qpn": remote_qpn, "remote_psn": remote_psn,
-                      "local_ip": path.local_ip.to_string(), "peer_ip": path.peer_ip.to_string(), "mtu": mtu}))
+                      "local_ip": path.local_ip.to_string(), "peer_ip": path.peer_ip.to_string(), "mtu": mtu,
+                      "recovery": if selective_repeat { "selective-repeat" } else { "go-back-N" }}))
         })
         .await?;
     if ctl.firewall {
@@ -696,7 +705,7 @@ async fn connect_via_peer(
         .with_context(|| {
             format!("connect to the peer daemon at {addr}; is `rdma-xdp up` running there?")
         })?;
-    let hello = json!({"qpn": qpn, "psn": psn, "mac": hostnet::fmt_mac(&ctl.mac), "ip": local_ip.to_string(), "target_qpn": remote_qpn, "mtu": mtu});
+    let hello = json!({"qpn": qpn, "psn": psn, "mac": hostnet::fmt_mac(&ctl.mac), "ip": local_ip.to_string(), "target_qpn": remote_qpn, "mtu": mtu, "selective_repeat": ctl.selective_repeat});
     s.write_all(format!("{hello}\n").as_bytes()).await?;
     let mut line = String::new();
     tokio::time::timeout(
@@ -724,6 +733,12 @@ async fn connect_via_peer(
         r["psn"].as_u64().unwrap_or(0) as u32,
         Some(psn),
         mtu,
+        // The peer's answer says what it agreed to; an older daemon says
+        // nothing and gets go-back-N.
+        crate::transport::negotiate_selective_repeat(
+            ctl.selective_repeat,
+            r["selective_repeat"].as_bool(),
+        ),
     )
     .await
 }
@@ -743,6 +758,10 @@ async fn serve_peer(ctl: Arc<Ctl>, mut s: TcpStream, peer: SocketAddr) -> Result
             .as_u64()
             .ok_or_else(|| anyhow!("target_qpn missing"))? as u32;
         let peer_ip: IpAddr = h["ip"].as_str().unwrap_or("").parse().unwrap_or(peer.ip());
+        let sr = crate::transport::negotiate_selective_repeat(
+            ctl.selective_repeat,
+            h["selective_repeat"].as_bool(),
+        );
         let path = Path {
             local_mac: ctl.mac,
             peer_mac: hostnet::parse_mac(h["mac"].as_str().unwrap_or(""))?,
@@ -758,9 +777,10 @@ async fn serve_peer(ctl: Arc<Ctl>, mut s: TcpStream, peer: SocketAddr) -> Result
             h["psn"].as_u64().unwrap_or(0) as u32,
             None,
             h["mtu"].as_u64().unwrap_or(1024) as u32,
+            sr,
         )
         .await?;
-        Ok(json!({"ok": true, "qpn": target, "psn": v["psn"], "mac": hostnet::fmt_mac(&ctl.mac)}))
+        Ok(json!({"ok": true, "qpn": target, "psn": v["psn"], "mac": hostnet::fmt_mac(&ctl.mac), "selective_repeat": sr}))
     }
     .await;
     let resp = match result {

@@ -248,6 +248,9 @@ pub struct Connect {
     /// Local ACK timeout exponent: 4.096 us * 2^timeout.
     pub timeout: u8,
     pub retry_cnt: u8,
+    /// Selective repeat instead of go-back-N: only when both sides offered
+    /// it in the connection exchange (`transport::negotiate_selective_repeat`).
+    pub selective_repeat: bool,
 }
 
 impl Connect {
@@ -260,6 +263,7 @@ impl Connect {
             max_rd_atomic: 1,
             timeout: 14,
             retry_cnt: 7,
+            selective_repeat: false,
         }
     }
 }
@@ -736,6 +740,7 @@ impl Core {
         if q.state() == QpState::Reset {
             q.modify(&QpAttr::init(Access::ALL))?;
         }
+        q.set_selective_repeat(c.selective_repeat)?;
         q.modify(&QpAttr {
             qp_state: Some(QpState::Rtr),
             dest_gid: Some(gid_of(path.peer_ip)),

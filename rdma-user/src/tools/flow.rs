@@ -143,6 +143,7 @@ pub fn run(o: &Options) -> Result<FlowReport> {
         ip,
         rkey: 0,
         vaddr: 0,
+        selective_repeat: None,
     };
     let peer = exchange_hello(
         &mut tcp,
@@ -312,6 +313,7 @@ pub fn serve(o: &Options) -> Result<ServerReport> {
                             ip,
                             rkey,
                             vaddr: addr,
+                            selective_repeat: None,
                         },
                     )?;
                     c.qp = Some((qpn, peer.ip));

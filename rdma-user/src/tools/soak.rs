@@ -50,6 +50,9 @@ pub struct Options {
     pub progress: bool,
     /// DCQCN's reaction point on this side's QP.
     pub dcqcn: bool,
+    /// Offer selective repeat in the exchange (used if the peer offers it
+    /// too).
+    pub selective_repeat: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -62,6 +65,10 @@ pub struct ServerReport {
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Report {
+    /// Loss recovery the two sides agreed on: "sr" (selective repeat) or
+    /// "gbn" (go-back-N).
+    #[serde(default)]
+    pub mode: String,
     pub seed: u64,
     pub ops: u64,
     pub completed: u64,
@@ -94,6 +101,9 @@ pub struct Report {
     pub rp_cnp_handled: u64,
     #[serde(default)]
     pub dcqcn_rate_mbps: f64,
+    /// Selective ACKs the client's QP received.
+    #[serde(default)]
+    pub sacks_received: u64,
     pub server: ServerReport,
 }
 
@@ -124,6 +134,9 @@ pub(crate) struct Hello {
     pub(crate) ip: IpAddr,
     pub(crate) rkey: u32,
     pub(crate) vaddr: u64,
+    /// Offers selective repeat; absent from older peers (go-back-N).
+    #[serde(default)]
+    pub(crate) selective_repeat: Option<bool>,
 }
 
 /// Lines from the (non-blocking) side channel, assembled across reads.
@@ -279,6 +292,7 @@ fn setup(
         ip: local_ip,
         rkey,
         vaddr: addr,
+        selective_repeat: Some(o.selective_repeat),
     };
     let peer = exchange_hello(
         &mut tcp,
@@ -299,6 +313,10 @@ fn setup(
         &Connect {
             max_rd_atomic: 16,
             timeout: o.ack_timeout,
+            selective_repeat: crate::transport::negotiate_selective_repeat(
+                o.selective_repeat,
+                peer.selective_repeat,
+            ),
             ..Connect::new(peer.qpn, peer.psn, psn, o.mtu)
         },
     )?;
@@ -733,6 +751,9 @@ pub fn run(o: &Options) -> Result<Report> {
         rep.seq_naks_received = st.seq_naks_received;
         rep.rp_cnp_handled = st.rp_cnp_handled;
         rep.dcqcn_rate_mbps = q.cc().rc;
+        rep.sacks_received = st.sacks_received;
+        rep.mode = if q.selective_repeat() { "sr" } else { "gbn" }.into();
+        if std::env::var("SOAK_DEBUG").is_ok() { eprintln!("causes [rd_timer, rd_req, rd_acked, rd_resp, probe, wr_timer, wr_order]: {:?} stats {:?}", crate::transport::DBG.iter().map(|a| a.load(std::sync::atomic::Ordering::Relaxed)).collect::<Vec<_>>(), st); }
     }
     send_line(&mut s.tcp, &"done")?;
     let l = read_line_polling(

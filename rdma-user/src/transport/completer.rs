@@ -101,6 +101,15 @@ impl QpEngine {
                 return;
             }
             self.stats.timeouts += 1;
+            if self.sr.on {
+                // Selective repeat: resend what is still unanswered, no more.
+                if !self.sr_timeout() {
+                    self.fail_front(WcStatus::RetryExcErr);
+                    return;
+                }
+                self.arm_rto(now);
+                return;
+            }
             if self.comp.retry_left == 0 {
                 self.fail_front(WcStatus::RetryExcErr);
                 return;
@@ -117,8 +126,13 @@ impl QpEngine {
     }
 
     pub(super) fn arm_rto(&mut self, now: Nanos) {
+        let rto = if self.sr.on {
+            self.sr_rto()
+        } else {
+            ack_timeout_ns(self.timeout)
+        };
         self.comp.rto_deadline = if self.has_outstanding() {
-            ack_timeout_ns(self.timeout).map(|t| now + t)
+            rto.map(|t| now + t)
         } else {
             None
         };
@@ -142,11 +156,26 @@ impl QpEngine {
             self.stats.dropped += 1;
             return;
         }
+        if self.sr.on && flags.any(OpFlags::READ_RESPONSE | OpFlags::ATOMIC_ACK) {
+            return self.sr_handle_rd_atomic_response(now, t, flags, payload, mem);
+        }
         if flags.has(OpFlags::ACK) {
             let Some(aeth) = t.aeth else {
                 self.stats.dropped += 1;
                 return;
             };
+            if self.sr.on {
+                match Syndrome::decode(aeth.syndrome) {
+                    // Go-back-N's NAK from a peer that negotiated selective
+                    // repeat: not the mode agreed.
+                    Syndrome::Nak(NakCode::PsnSequenceError) => {
+                        self.stats.sr_wrong_mode += 1;
+                        return;
+                    }
+                    Syndrome::Ack { .. } => self.sr_note_cum(psn_add(psn, 1)),
+                    _ => {}
+                }
+            }
             let received = match Syndrome::decode(aeth.syndrome) {
                 Syndrome::Ack { .. } => psn,
                 _ => psn_add(psn, MASK_24),
@@ -172,6 +201,9 @@ impl QpEngine {
                             self.comp.rnr_left -= 1;
                         }
                         self.rewind(psn);
+                        if self.sr.on {
+                            self.sr_rewound();
+                        }
                         self.comp.nak_rewind_psn = Some(psn);
                         self.comp.rnr_until = Some(now + rnr_timer_ns(timer));
                         self.comp.rto_deadline = None;
@@ -337,6 +369,7 @@ impl QpEngine {
     }
 
     pub(super) fn progress(&mut self, now: Nanos) {
+        self.sr.tx.backoff = 0;
         self.comp.retry_left = self.retry_cnt;
         self.comp.rnr_left = self.rnr_retry;
         self.comp.retry_pending = false;
@@ -361,7 +394,11 @@ impl QpEngine {
     pub(super) fn rtt_answered(&mut self, psn: u32, now: Nanos) {
         if let Some((p, sent)) = self.rtt_probe {
             if psn_diff(psn, p) >= 0 {
-                self.stats.record_rtt(now.saturating_sub(sent));
+                let ns = now.saturating_sub(sent);
+                self.stats.record_rtt(ns);
+                if self.sr.on {
+                    self.sr_rtt_sample(ns);
+                }
                 self.rtt_probe = None;
             }
         }
@@ -382,7 +419,11 @@ impl QpEngine {
                 break;
             }
             if w.opcode.is_rd_atomic() {
-                go_back_to = Some(psn_add(w.first_psn, w.resp_pkts));
+                // Its responses are missing. Go-back-N asks again now;
+                // selective repeat waits for evidence or its timer.
+                if !self.sr.on {
+                    go_back_to = Some(psn_add(w.first_psn, w.resp_pkts));
+                }
                 break;
             }
             w.done = true;
@@ -409,6 +450,9 @@ impl QpEngine {
                 break;
             }
             let status = w.status;
+            if self.sr.on && w.opcode.is_rd_atomic() {
+                self.req.rd_atomic_inflight = self.req.rd_atomic_inflight.saturating_sub(1);
+            }
             send_wc(&mut self.completions, self.qpn, w, status, false);
             self.req.sq.pop_front();
             self.req.cur = self.req.cur.saturating_sub(1);
@@ -416,6 +460,9 @@ impl QpEngine {
                 self.enter_error();
                 return;
             }
+        }
+        if self.sr.on {
+            self.sr_advance_base();
         }
     }
 

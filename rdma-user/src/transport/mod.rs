@@ -33,6 +33,7 @@ pub mod dcqcn;
 mod qp;
 mod requester;
 mod responder;
+mod selective;
 mod ud;
 mod wr;
 
@@ -43,6 +44,8 @@ pub use qp::{
 };
 pub use requester::{check_send, MAX_PKT_PER_ACK, RETRY_WINDOW};
 pub use responder::check_recv;
+pub use selective::DBG;
+pub use selective::{negotiate as negotiate_selective_repeat, DUPTHRESH, SR_WINDOW};
 pub use ud::{grh_of, GRH_LEN};
 pub use wr::{
     PostError, RecvWr, SendFlags, SendWr, Sge, UdDest, Wc, WcOpcode, WcStatus, WrOpcode,
@@ -55,11 +58,13 @@ use crate::memory::{Access, AccessError, AtomicOp, MrTable};
 use crate::wire::{
     opcode, opcode_flags, pad_for, psn_add, psn_diff, syndrome, AethRepr, AtomicEthRepr, BthRepr,
     DethRepr, NakCode, OpFlags, Position, RethRepr, Syndrome, TransportRepr, MASK_24,
+    SACK_BITMAP_LEN,
 };
 
 use completer::Completer;
 use requester::{Requester, SendWqe, WINDOW_OPEN};
 use responder::{InMsg, Resp, Responder};
+use selective::{Body, Selective};
 
 /// Time in nanoseconds on the driver's monotonic clock.
 pub type Nanos = u64;

@@ -312,6 +312,17 @@ pub struct QpStats {
     /// across a retransmission, as Karn's rule says): bucket 0 counts
     /// samples under 1 µs, bucket `i` those in [2^(i-1), 2^i) µs.
     pub rtt_log2_us: [u64; RTT_BUCKETS],
+    /// Selective repeat: SACKs sent and received; SACKs dropped for naming
+    /// PSNs never sent or a bad syndrome; requests dropped for lying past
+    /// the window, or not kept (no stash slot, impossible length);
+    /// packets of the other mode (a sequence-error NAK to a selective QP,
+    /// a SACK to a go-back-N one), dropped.
+    pub sacks_sent: u64,
+    pub sacks_received: u64,
+    pub sr_bad_sacks: u64,
+    pub sr_outside_window: u64,
+    pub sr_not_kept: u64,
+    pub sr_wrong_mode: u64,
 }
 
 /// Buckets of [`QpStats::rtt_log2_us`]: up to 2^24 µs (16 s).
@@ -382,6 +393,8 @@ pub struct QpEngine {
     pub(super) rtt_probe: Option<(u32, Nanos)>,
     /// UD: the QPN the due CNP goes to (the marked datagram's source).
     pub(super) np_ud_dest: u32,
+    /// Selective repeat (off: go-back-N).
+    pub(super) sr: Selective,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -462,6 +475,7 @@ impl QpEngine {
             cc: dcqcn::Dcqcn::new(dcqcn::CcParams::default()),
             rtt_probe: None,
             np_ud_dest: 0,
+            sr: Selective::default(),
         }
     }
 
@@ -593,7 +607,7 @@ impl QpEngine {
             })
             .collect();
         format!(
-            "cur={} cur_psn={:06x} next={:06x} max_sent={:06x} inflight={} retry={} rnr_until={:?} rto={:?} nak_rw={:?} sq=[{}] resp_q={}",
+            "cur={} cur_psn={:06x} next={:06x} max_sent={:06x} inflight={} retry={} rnr_until={:?} rto={:?} nak_rw={:?} sq=[{}] resp_q={}{}",
             self.req.cur,
             self.req.cur_psn,
             self.req.next_psn,
@@ -604,7 +618,16 @@ impl QpEngine {
             self.comp.rto_deadline,
             self.comp.nak_rewind_psn,
             head.join(" "),
-            self.resp.resp_q.len()
+            self.resp.resp_q.len(),
+            if self.sr.on {
+                let t = &self.sr.tx;
+                format!(
+                    " sr: base={:06x} cum={:06x} tx_seq={} delivered={} acked={} high_resp={:06x} lost_below={:06x} backoff={} held={}",
+                    t.base, t.cum, t.tx_seq, t.delivered_seq, t.acked_seq, t.high_resp, t.lost_below, t.backoff, self.sr.rx.held
+                )
+            } else {
+                String::new()
+            }
         )
     }
 
@@ -759,6 +782,7 @@ impl QpEngine {
             self.req.next_psn = v;
             self.req.cur_psn = v;
             self.req.max_sent_psn = v;
+            self.sr_start(v);
         }
         if let Some(v) = a.timeout {
             self.timeout = v;
@@ -773,6 +797,9 @@ impl QpEngine {
         }
         if let Some(v) = a.max_rd_atomic {
             self.max_rd_atomic = v;
+        }
+        if from == Init && to == Rtr {
+            self.sr_allocate();
         }
         match to {
             Reset => self.reset(),
@@ -815,6 +842,7 @@ impl QpEngine {
         // A fatal NAK already queued still goes out, so the peer learns why.
         self.resp.resp_q.retain(|r| matches!(r, Resp::Nak { .. }));
         self.resp.in_msg = InMsg::None;
+        self.sr_forget();
     }
 
     pub fn poll_completion(&mut self) -> Option<Wc> {
@@ -907,6 +935,7 @@ impl QpEngine {
     pub(super) fn has_tx_work(&self) -> bool {
         !self.resp.resp_q.is_empty()
             || self.resp.pending_ack.is_some()
+            || self.sr.rx.sack_due
             || self.req.cur < self.req.sq.len()
     }
 
@@ -953,6 +982,19 @@ impl QpEngine {
             return;
         }
         let flags = t.flags();
+        if flags.has(OpFlags::SACK) {
+            // Only a QP that negotiated selective repeat takes SACKs.
+            if !self.sr.on {
+                self.stats.sr_wrong_mode += 1;
+            } else if !pkey_matches(self.pkey, t.bth.pkey) {
+                self.stats.bad_pkey += 1;
+            } else if matches!(self.state, QpState::Rts | QpState::Sqd | QpState::Sqe) {
+                self.handle_sack(now, t);
+            } else {
+                self.stats.dropped += 1;
+            }
+            return;
+        }
         // Header checks every packet passes before a role sees it (IBA 9.6;
         // the table in `responder` lists them all). The transport: RC only,
         // UC/UD/CNP opcodes never reach an RC QP's state machine.

@@ -262,21 +262,41 @@ impl QpEngine {
         if self.comp.rnr_until.is_some() {
             return None;
         }
+        if self.sr.on {
+            // Selective repeat: what is known lost goes first, alone.
+            if let Some((idx, psn)) = self.sr_next_resend() {
+                self.sr_mark_resent(idx, psn);
+                let (len, _) = self.build_request(now, idx, psn, false, mem, buf);
+                return Some(len);
+            }
+        }
         self.normalize_cursor();
         let started = self.req.sq.get(self.req.cur)?.started;
         // With a limited window: how far this packet's PSN is past the oldest
         // unacknowledged one (starting a WQE below changes neither).
-        let ahead = (self.req.window != u32::MAX).then(|| {
+        // Selective repeat's window is its in-flight cap, from the oldest
+        // WQE's first PSN.
+        let window = if self.sr.on {
+            self.sr_inflight_cap()
+        } else {
+            self.req.window
+        };
+        let ahead = (window != u32::MAX).then(|| {
             let psn = if started {
                 self.req.cur_psn
             } else {
                 self.req.next_psn
             };
-            psn_diff(psn, self.oldest_unacked_psn())
+            let from = if self.sr.on {
+                self.sr.tx.base
+            } else {
+                self.oldest_unacked_psn()
+            };
+            psn_diff(psn, from)
         });
         // The oldest packet may always go (a READ request spans many PSNs
         // but is one packet).
-        if ahead.is_some_and(|a| a > 0 && a as u32 >= self.req.window) {
+        if ahead.is_some_and(|a| a > 0 && a as u32 >= window) {
             return None;
         }
         if !started {
@@ -318,8 +338,37 @@ impl QpEngine {
                 self.req.rd_atomic_inflight += 1;
             }
         }
-        let w = &self.req.sq[self.req.cur];
         let psn = self.req.cur_psn;
+        // With a limited window the packet that fills it must ask for an
+        // ACK, or the window stays shut until a timeout.
+        let fills_window = ahead.is_some_and(|a| a >= 0 && a as u32 + 1 >= window);
+        let (len, advance_wqe) =
+            self.build_request(now, self.req.cur, psn, fills_window, mem, buf);
+        if advance_wqe {
+            self.req.cur += 1;
+            self.req.cur_psn = match self.req.sq.get(self.req.cur) {
+                Some(n) if n.started => n.first_psn,
+                _ => self.req.next_psn,
+            };
+        } else {
+            self.req.cur_psn = psn_add(psn, 1);
+        }
+        Some(len)
+    }
+
+    /// Writes the request packet at `psn` of send WQE `idx` (a first
+    /// transmission or a resend) and returns its length and whether it was
+    /// the WQE's last packet. It does not move the transmit cursor.
+    fn build_request(
+        &mut self,
+        now: Nanos,
+        idx: usize,
+        psn: u32,
+        fills_window: bool,
+        mem: &MrTable,
+        buf: &mut [u8],
+    ) -> (usize, bool) {
+        let w = &self.req.sq[idx];
         let k = psn_diff(psn, w.first_psn) as u32;
         let off = k * self.mtu;
         let last = k + 1 == w.npkts;
@@ -350,9 +399,6 @@ impl QpEngine {
                     (false, false, true, true) => opcode::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE,
                 };
                 self.req.noack_pkts += 1;
-                // With a limited window the packet that fills it must ask
-                // for an ACK, or the window stays shut until a timeout.
-                let fills_window = ahead.is_some_and(|a| a >= 0 && a as u32 + 1 >= self.req.window);
                 let ack_req = last || self.req.noack_pkts >= MAX_PKT_PER_ACK || fills_window;
                 if ack_req {
                     self.req.noack_pkts = 0;
@@ -371,12 +417,18 @@ impl QpEngine {
                 }
             }
             WrOpcode::RdmaRead => {
-                // A retry asks only for what has not arrived yet.
+                // A retry asks only for what has not arrived yet: the tail
+                // (go-back-N), or the missing run (selective repeat).
+                let mut dma_len = w.length - off.min(w.length);
+                if self.sr.on {
+                    let run = psn_diff(self.sr_read_run_end(w, psn), psn) as u32;
+                    dma_len = dma_len.min(run * self.mtu);
+                }
                 t.bth = self.bth(opcode::RC_RDMA_READ_REQUEST, psn, true);
                 t.reth = Some(RethRepr {
                     va: w.remote_addr.wrapping_add(off as u64),
                     rkey: w.rkey,
-                    dma_len: w.length - off.min(w.length),
+                    dma_len,
                 });
                 advance_wqe = true;
             }
@@ -415,7 +467,8 @@ impl QpEngine {
                 &mut buf[hl..hl + plen],
             );
         }
-        if psn_diff(psn, self.req.max_sent_psn) < 0 {
+        let resend = psn_diff(psn, self.req.max_sent_psn) < 0;
+        if resend {
             self.stats.retransmits += 1;
             // Karn: an answer after a resend times neither transmission.
             self.rtt_probe = None;
@@ -431,19 +484,13 @@ impl QpEngine {
         if psn_diff(end, self.req.max_sent_psn) > 0 {
             self.req.max_sent_psn = end;
         }
-        if advance_wqe {
-            self.req.cur += 1;
-            self.req.cur_psn = match self.req.sq.get(self.req.cur) {
-                Some(n) if n.started => n.first_psn,
-                _ => self.req.next_psn,
-            };
-        } else {
-            self.req.cur_psn = psn_add(psn, 1);
+        if self.sr.on {
+            self.sr_stamp(idx, psn, resend);
         }
         if self.comp.rto_deadline.is_none() {
             self.arm_rto(now);
         }
-        Some(Self::emit(&t, plen, buf))
+        (Self::emit(&t, plen, buf), advance_wqe)
     }
 
     /// Keeps the transmit cursor on a WQE that still needs sending, with a

@@ -253,6 +253,14 @@ impl QpEngine {
         if self.state == QpState::Err {
             return None;
         }
+        if self.sr.on && (self.resp.pending_ack.is_some() || self.sr.rx.sack_due) {
+            if let Some(t) = self.sr_sack() {
+                self.resp.pending_ack = None;
+                return Some(Self::emit(&t, 0, buf));
+            }
+            // Nothing kept any more: a plain ACK of everything executed.
+            self.resp.pending_ack = Some(psn_add(self.resp.epsn, MASK_24));
+        }
         let psn = self.resp.pending_ack.take()?;
         self.stats.acks_sent += 1;
         let mut t = TransportRepr::new(self.bth(opcode::RC_ACKNOWLEDGE, psn, false));
@@ -341,6 +349,9 @@ impl QpEngine {
     ) {
         let psn = t.bth.psn;
         let d = psn_diff(psn, self.resp.epsn);
+        if d > 0 && self.sr.on {
+            return self.sr_out_of_order(t, flags, payload, mem, d as u32);
+        }
         if d > 0 {
             self.stats.out_of_sequence_received += 1;
             if !self.resp.nak_seq_sent {
@@ -358,8 +369,25 @@ impl QpEngine {
             self.handle_duplicate(t, flags, psn, mem);
             return;
         }
+        self.execute_request(t, flags, Body::Bytes(payload), mem);
+        if self.sr.on {
+            self.sr_commit(mem);
+        }
+    }
+
+    /// A request at the expected PSN: the checks of the table above, then
+    /// execution. Under selective repeat a kept request comes here when
+    /// its turn comes, its payload possibly already placed.
+    pub(super) fn execute_request(
+        &mut self,
+        t: &TransportRepr,
+        flags: OpFlags,
+        body: Body,
+        mem: &mut MrTable,
+    ) {
+        let psn = t.bth.psn;
         self.resp.nak_seq_sent = false;
-        let plen = payload.len() as u32;
+        let plen = body.len();
         // A reserved opcode of the RC range at the expected PSN: the spec's
         // Invalid Request (rxe drops it silently).
         if flags.has(OpFlags::RESERVED) {
@@ -409,13 +437,17 @@ impl QpEngine {
             let Some(r) = self.resp.rq.front().copied() else {
                 return self.rnr_nak(psn);
             };
-            if let Err(st) = Self::scatter(
-                &r.sges[..r.num_sge as usize],
-                mem,
-                self.pd,
-                offset as usize,
-                payload,
-            ) {
+            let placed = match body {
+                Body::Bytes(payload) => Self::scatter(
+                    &r.sges[..r.num_sge as usize],
+                    mem,
+                    self.pd,
+                    offset as usize,
+                    payload,
+                ),
+                Body::Placed(_) => Ok(()),
+            };
+            if let Err(st) = placed {
                 let code = if st == WcStatus::LocLenErr {
                     syndrome::NAK_INVALID_REQUEST
                 } else {
@@ -484,7 +516,7 @@ impl QpEngine {
             if last && imm_expected && self.resp.rq.is_empty() {
                 return self.rnr_nak(psn);
             }
-            if plen > 0 {
+            if let (Body::Bytes(payload), true) = (body, plen > 0) {
                 match mem.resolve(
                     rkey,
                     self.pd,
@@ -640,8 +672,10 @@ impl QpEngine {
     pub(super) fn rnr_nak(&mut self, psn: u32) {
         self.stats.rnr_naks_sent += 1;
         let code = syndrome::RNR_NAK | (self.min_rnr_timer & 0x1f);
-        // An RNR NAK is not sticky: the requester retries this very PSN.
+        // An RNR NAK is not sticky: the requester retries this very PSN,
+        // and everything after it (selective repeat forgets what it kept).
         self.resp.pending_ack = None;
+        self.sr_forget();
         self.queue_resp(Resp::Nak {
             psn,
             syndrome: code,
@@ -695,7 +729,15 @@ impl QpEngine {
         // A duplicate READ is executed again, possibly for the tail of the
         // original: it must end where the original ended.
         let npkts = self.packets_for(reth.dma_len);
-        let ends = psn_add(psn, npkts) == psn_add(res.first_psn, res.npkts);
+        // Go-back-N asks again for a tail; selective repeat for any run
+        // inside the original.
+        let end = psn_add(psn, npkts);
+        let orig_end = psn_add(res.first_psn, res.npkts);
+        let ends = if self.sr.on {
+            psn_diff(end, orig_end) <= 0
+        } else {
+            end == orig_end
+        };
         let allowed = self.access.contains(Access::REMOTE_READ)
             && (reth.dma_len == 0
                 || mem

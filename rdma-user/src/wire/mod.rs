@@ -30,7 +30,7 @@ pub use rdma_common::{
     ext_headers_len, opcode, opcode_flags, opcode_name, psn_add, psn_diff, Aeth, AtomicAckEth,
     AtomicEth, Bth, Deth, EthHdr, Ieth, ImmDt, Ipv4Hdr, Ipv6Hdr, Reth, UdpHdr, VlanHdr,
     CNP_RESERVED_LEN, ETH_P_8021AD, ETH_P_8021Q, ETH_P_IPV4, ETH_P_IPV6, ICRC_LEN, IPPROTO_UDP,
-    MASK_24, ROCE_V2_SPORT_MIN, ROCE_V2_UDP_PORT,
+    MASK_24, ROCE_V2_SPORT_MIN, ROCE_V2_UDP_PORT, SACK_BITMAP_LEN,
 };
 pub use rdma_common::{OpFlags, OpcodeInfo, Position, OPCODE_FLAGS, OPCODE_TABLE};
 

@@ -206,6 +206,8 @@ pub struct TransportRepr {
     pub ieth: Option<u32>,
     /// The CNP's 16 reserved bytes (zero when sent by a conforming peer).
     pub cnp_reserved: Option<[u8; CNP_RESERVED_LEN]>,
+    /// SR_SACK: the bitmap of PSNs held after BTH.PSN.
+    pub sack: Option<[u8; SACK_BITMAP_LEN]>,
 }
 
 impl TransportRepr {
@@ -223,6 +225,7 @@ impl TransportRepr {
             imm: None,
             ieth: None,
             cnp_reserved: None,
+            sack: None,
         }
     }
 
@@ -300,6 +303,11 @@ impl TransportRepr {
             r.copy_from_slice(&b[..CNP_RESERVED_LEN]);
             r
         });
+        let sack = next(OpFlags::SACK_BITMAP, SACK_BITMAP_LEN).map(|b| {
+            let mut r = [0u8; SACK_BITMAP_LEN];
+            r.copy_from_slice(&b[..SACK_BITMAP_LEN]);
+            r
+        });
         debug_assert_eq!(off, hdr_len);
         let padded = buf.len() - hdr_len - ICRC_LEN;
         let pad = bth.pad_count as usize;
@@ -320,6 +328,7 @@ impl TransportRepr {
                 imm,
                 ieth,
                 cnp_reserved,
+                sack,
             },
             hdr_len..hdr_len + padded - pad,
         ))
@@ -392,6 +401,10 @@ impl TransportRepr {
         if flags.has(OpFlags::CNP_RESERVED) {
             buf[off..off + CNP_RESERVED_LEN].copy_from_slice(&self.cnp_reserved.unwrap_or([0; 16]));
             off += CNP_RESERVED_LEN;
+        }
+        if flags.has(OpFlags::SACK_BITMAP) {
+            buf[off..off + SACK_BITMAP_LEN].copy_from_slice(&self.sack.unwrap_or([0; 32]));
+            off += SACK_BITMAP_LEN;
         }
         Ok(off)
     }

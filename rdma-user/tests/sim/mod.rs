@@ -181,8 +181,25 @@ impl Node {
 
 /// Moves both QPs to RTS, connected to each other.
 pub fn connect(a: &mut Node, b: &mut Node, mtu: u32, psn_a: u32, psn_b: u32, rnr_timer: u8) {
+    connect_with(a, b, mtu, psn_a, psn_b, rnr_timer, [false, false]);
+}
+
+/// As [`connect`], with selective repeat on for the sides `sr` names (both
+/// for a negotiated pair; one alone is a misconfigured or lying peer).
+pub fn connect_with(
+    a: &mut Node,
+    b: &mut Node,
+    mtu: u32,
+    psn_a: u32,
+    psn_b: u32,
+    rnr_timer: u8,
+    sr: [bool; 2],
+) {
     let (qa, qb) = (a.qp.qpn(), b.qp.qpn());
-    for (n, peer_qpn, sq, rq) in [(&mut *a, qb, psn_a, psn_b), (&mut *b, qa, psn_b, psn_a)] {
+    for (n, peer_qpn, sq, rq, sr) in [
+        (&mut *a, qb, psn_a, psn_b, sr[0]),
+        (&mut *b, qa, psn_b, psn_a, sr[1]),
+    ] {
         n.qp.modify(&QpAttr {
             qp_state: Some(QpState::Init),
             pkey_index: Some(0),
@@ -191,6 +208,7 @@ pub fn connect(a: &mut Node, b: &mut Node, mtu: u32, psn_a: u32, psn_b: u32, rnr
             ..Default::default()
         })
         .unwrap();
+        n.qp.set_selective_repeat(sr).unwrap();
         n.qp.modify(&QpAttr {
             qp_state: Some(QpState::Rtr),
             dest_gid: Some([0; 16]),

@@ -57,6 +57,10 @@ pub struct UpArgs {
     /// in XDP.
     #[arg(long)]
     pub firewall: bool,
+    /// Do not offer selective repeat in the QP exchange with peer daemons
+    /// (their QPs then recover by go-back-N, as with any other peer).
+    #[arg(long)]
+    pub no_selective_repeat: bool,
     #[command(flatten)]
     pub cc: CcArgs,
 }
@@ -285,6 +289,7 @@ pub fn up(a: UpArgs, g: &Global) -> Result<()> {
         },
         firewall: a.firewall,
         cc: a.cc.config()?,
+        selective_repeat: !a.no_selective_repeat,
     })
 }
 

@@ -194,6 +194,10 @@ pub struct SoakArgs {
     /// Turn DCQCN's reaction point off (CNPs are counted and ignored).
     #[arg(long)]
     pub no_dcqcn: bool,
+    /// Do not offer selective repeat to the peer: the QP recovers by
+    /// go-back-N (selective repeat needs both sides to offer it).
+    #[arg(long)]
+    pub no_selective_repeat: bool,
 }
 
 #[derive(Args)]
@@ -454,12 +458,13 @@ pub fn soak(a: SoakArgs, json_file: Option<PathBuf>) -> Result<()> {
         stall_timeout: Duration::from_secs(a.stall_timeout),
         progress: true,
         dcqcn: !a.no_dcqcn,
+        selective_repeat: !a.no_selective_repeat,
     };
     let (out, clean) = if o.server.is_some() {
         let r = rdma_user::tools::soak::run(&o)?;
         eprintln!(
-            "soak: {} of {} operations in {:.2} s, {:.3} Gb/s goodput, {:.0} ops/s; lost {}, duplicated {}, corrupted {}, error WCs {}; {} retransmits, {} timeouts",
-            r.completed, r.ops, r.seconds, r.goodput_gbps, r.ops_per_sec, r.lost, r.duplicated, r.corrupted, r.error_wcs, r.retransmits, r.timeouts
+            "soak ({}): {} of {} operations in {:.2} s, {:.3} Gb/s goodput, {:.0} ops/s; lost {}, duplicated {}, corrupted {}, error WCs {}; {} retransmits, {} timeouts",
+            r.mode, r.completed, r.ops, r.seconds, r.goodput_gbps, r.ops_per_sec, r.lost, r.duplicated, r.corrupted, r.error_wcs, r.retransmits, r.timeouts
         );
         if let Some(e) = &r.first_error {
             eprintln!("soak: first error: {e}");
