@@ -753,7 +753,6 @@ pub fn run(o: &Options) -> Result<Report> {
         rep.dcqcn_rate_mbps = q.cc().rc;
         rep.sacks_received = st.sacks_received;
         rep.mode = if q.selective_repeat() { "sr" } else { "gbn" }.into();
-        if std::env::var("SOAK_DEBUG").is_ok() { eprintln!("causes [rd_timer, rd_req, rd_acked, rd_resp, probe, wr_timer, wr_order]: {:?} stats {:?}", crate::transport::DBG.iter().map(|a| a.load(std::sync::atomic::Ordering::Relaxed)).collect::<Vec<_>>(), st); }
     }
     send_line(&mut s.tcp, &"done")?;
     let l = read_line_polling(

@@ -44,7 +44,6 @@ pub use qp::{
 };
 pub use requester::{check_send, MAX_PKT_PER_ACK, RETRY_WINDOW};
 pub use responder::check_recv;
-pub use selective::DBG;
 pub use selective::{negotiate as negotiate_selective_repeat, DUPTHRESH, SR_WINDOW};
 pub use ud::{grh_of, GRH_LEN};
 pub use wr::{

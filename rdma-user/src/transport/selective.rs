@@ -47,8 +47,6 @@ const INITIAL_RTO_NS: Nanos = 1_000_000;
 /// Least number of packets allowed in flight, whatever the BDP estimate.
 const MIN_INFLIGHT: u32 = 128;
 
-pub static DBG: [std::sync::atomic::AtomicU64; 8] = [const { std::sync::atomic::AtomicU64::new(0) }; 8];
-fn dbgc(i: usize) { DBG[i].fetch_add(1, std::sync::atomic::Ordering::Relaxed); }
 const WORDS: usize = SR_WINDOW as usize / 64;
 
 /// One bit per PSN of a window, indexed by the PSN's low bits.
@@ -728,13 +726,15 @@ impl QpEngine {
     /// without progress, never longer than the ACK timeout.
     pub(super) fn sr_rto(&self) -> Option<Nanos> {
         let t = &self.sr.tx;
-        // RFC 6298's SRTT + 4 RTTVAR.
-        let base = if t.srtt_ns == 0 {
-            INITIAL_RTO_NS
+        let rto = if t.srtt_ns == 0 {
+            INITIAL_RTO_NS << t.backoff.min(20)
+        } else if t.backoff == 0 {
+            // First a probe, after two smoothed RTTs (RACK-TLP's PTO).
+            (2 * t.srtt_ns).max(MIN_RTO_NS)
         } else {
-            (t.srtt_ns + 4 * t.rttvar_ns).max(MIN_RTO_NS)
+            // Then RFC 6298's SRTT + 4 RTTVAR, doubled per expiry.
+            (t.srtt_ns + 4 * t.rttvar_ns).max(MIN_RTO_NS) << (t.backoff - 1).min(20)
         };
-        let rto = base << t.backoff.min(20);
         Some(match ack_timeout_ns(self.timeout) {
             Some(a) => rto.min(a),
             None => rto,
@@ -756,9 +756,12 @@ impl QpEngine {
             self.comp.retry_left -= 1;
         }
         let t = &mut self.sr.tx;
+        if t.backoff > 0 {
+            // The probe did not help: everything unanswered is lost.
+            t.lost_below = self.req.max_sent_psn;
+            t.resent.clear_all();
+        }
         t.backoff = t.backoff.saturating_add(1);
-        t.lost_below = self.req.max_sent_psn;
-        t.resent.clear_all();
         t.probe = true;
         t.scan_due = true;
         // Karn: nothing sent before now times an RTT any more.
@@ -825,6 +828,10 @@ impl QpEngine {
                 if !self.sr_in_window(m) {
                     continue;
                 }
+                if t.probe {
+                    // The oldest thing unanswered: ask again.
+                    return Some((idx, m));
+                }
                 let s = seq(m);
                 let executed = psn_diff(t.cum, w.first_psn) > 0;
                 let held = !executed && t.sacked.get(w.first_psn);
@@ -841,7 +848,6 @@ impl QpEngine {
                         && !t.resent.get(m)
                         && psn_diff(t.high_resp, m) >= DUPTHRESH as i32);
                 if lost {
-                    dbgc(if timed_out(m) { 0 } else if !executed { 1 } else if seq_at_least(t.acked_seq, s, DUPTHRESH) { 2 } else { 3 });
                     return Some((idx, m));
                 }
                 continue;
@@ -855,17 +861,15 @@ impl QpEngine {
                     continue;
                 }
                 if t.probe {
-                    // The timer found the oldest PSN held but never
-                    // acknowledged (the ACK was lost): sending it again
-                    // makes the responder say where it is.
-                    dbgc(4);
+                    // The oldest PSN unacknowledged, even if the responder
+                    // holds it (its ACK may be what was lost): sent again,
+                    // it makes the responder say where it is.
                     return Some((idx, p));
                 }
                 if t.sacked.get(p) {
                     continue;
                 }
                 if timed_out(p) || seq_at_least(t.delivered_seq, seq(p), DUPTHRESH) {
-                    dbgc(if timed_out(p) { 5 } else { 6 });
                     return Some((idx, p));
                 }
             }
