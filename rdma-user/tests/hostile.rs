@@ -12,7 +12,8 @@ use rdma_user::device::standalone::NO_WC;
 use rdma_user::memory::Access;
 use rdma_user::rng::Rng;
 use rdma_user::tools::hostile::{
-    Class, Generator, Target, UdClass, UdGenerator, UdTarget, CLASSES, UD_CLASSES,
+    Class, Generator, SrClass, SrGenerator, SrTarget, Target, UdClass, UdGenerator, UdTarget,
+    CLASSES, SR_CLASSES, UD_CLASSES,
 };
 use rdma_user::transport::{
     QpAttr, QpCap, QpState, QpStats, QpType, RecvWr, SendWr, Sge, WcStatus, WrOpcode,
@@ -69,6 +70,12 @@ fn path(local: ([u8; 6], IpAddr), peer: ([u8; 6], IpAddr)) -> Path {
 
 /// Two hosts with connected QPs (PSNs 100 and 5000).
 fn pair(seed: u64) -> (Host, Host) {
+    pair_with(seed, false)
+}
+
+/// As [`pair`], recovering by selective repeat when `sr` (as if both had
+/// offered it in the exchange).
+fn pair_with(seed: u64, sr: bool) -> (Host, Host) {
     let mut a = host(seed);
     let mut b = host(seed ^ 0xb);
     let (qa, qb) = (a.qpn, b.qpn);
@@ -79,6 +86,7 @@ fn pair(seed: u64) -> (Host, Host) {
             &Connect {
                 max_rd_atomic: 16,
                 timeout: 8,
+                selective_repeat: sr,
                 ..Connect::new(qb, 5000, 100, 1024)
             },
         )
@@ -90,6 +98,7 @@ fn pair(seed: u64) -> (Host, Host) {
             &Connect {
                 max_rd_atomic: 16,
                 timeout: 8,
+                selective_repeat: sr,
                 ..Connect::new(qa, 100, 5000, 1024)
             },
         )
@@ -324,6 +333,107 @@ fn every_hostile_ud_class_is_counted_under_its_reason_and_changes_nothing() {
     }
 }
 
+/// B has a 4-packet WRITE outstanding to A (PSNs 5000..5004) when the
+/// frame of each selective-repeat class arrives: it is counted under its
+/// reason, no byte of B's memory changes, B stays in RTS, and the WRITE
+/// then completes as if nothing had come.
+#[test]
+fn every_hostile_selective_repeat_class_is_counted_and_changes_nothing() {
+    const SENT: u32 = 4;
+    for (i, &class) in SR_CLASSES.iter().enumerate() {
+        for variant in 0..8u64 {
+            let sr = class != SrClass::SackToGbn;
+            let (mut a, mut b) = pair_with(i as u64 * 100 + variant + 11, sr);
+            let sge = [Sge {
+                addr: b.addr,
+                length: SENT * 1024,
+                lkey: b.lkey,
+            }];
+            let mut wr = SendWr::new(77, WrOpcode::RdmaWrite, &sge);
+            wr.rkey = a.rkey;
+            wr.remote_addr = a.addr;
+            let qpn = b.qpn;
+            b.core.post_send(qpn, &wr).unwrap();
+            let mut requests = Vec::new();
+            let mut buf = vec![0u8; 9000];
+            loop {
+                let n = b.core.build_frame(1, &mut buf);
+                if n == 0 {
+                    break;
+                }
+                requests.push(buf[..n].to_vec());
+            }
+            assert_eq!(requests.len(), SENT as usize);
+            mem_mut(b.addr + 8192, MR_LEN - 8192).fill(0xc3);
+            let before = crc32fast::hash(mem(b.addr, MR_LEN));
+            let private = crc32fast::hash(mem(b.private.0, b.private.1));
+            let t = SrTarget {
+                net: path((MAC_A, IP_A), (MAC_B, IP_B))
+                    .template(a.qpn, b.qpn)
+                    .unwrap(),
+                qpn: b.qpn,
+                sq_psn: 5000,
+                sent: SENT,
+                epsn: b.core.qp(b.qpn).unwrap().rq_psn(),
+                rkey: b.rkey,
+                va: b.addr + 8192,
+            };
+            let mut g = SrGenerator::new(t, 1000 * i as u64 + variant);
+            let n = g.frame(class, &mut buf);
+            b.core.handle_frame(2, &buf[..n]);
+            let replies = answers(&mut b, 3);
+            let q = b.core.qp(b.qpn).unwrap();
+            let qs: QpStats = q.stats();
+            let ctx = format!("{class:?} #{variant}: qp {qs:?} replies {}", replies.len());
+            assert_eq!(q.state(), QpState::Rts, "{ctx}");
+            assert_eq!(q.selective_repeat(), sr, "{ctx}");
+            let counted = match class {
+                SrClass::SackBeforeWindow => qs.dropped,
+                SrClass::SackBeyondSent | SrClass::SackClaimsUnsent | SrClass::SackNakSyndrome => {
+                    qs.sr_bad_sacks
+                }
+                SrClass::SeqNakToSr | SrClass::SackToGbn => qs.sr_wrong_mode,
+                SrClass::RequestBeyondWindow => qs.sr_outside_window,
+            };
+            assert_eq!(counted, 1, "{ctx}");
+            assert_eq!((qs.sacks_received, qs.retransmits), (0, 0), "{ctx}");
+            assert!(replies.is_empty(), "nothing answers it: {ctx}");
+            assert_eq!(crc32fast::hash(mem(b.addr, MR_LEN)), before, "{ctx}");
+            assert_eq!(
+                crc32fast::hash(mem(b.private.0, b.private.1)),
+                private,
+                "{ctx}"
+            );
+            // The WRITE still completes, once, with success.
+            for f in &requests {
+                a.core.handle_frame(4, f);
+            }
+            for r in answers_raw(&mut a, 5) {
+                b.core.handle_frame(6, &r);
+            }
+            let mut w = [NO_WC; 4];
+            let cq = b.cq;
+            let got = b.core.cq_mut(cq).unwrap().poll(&mut w);
+            assert_eq!(got, 1, "{ctx}");
+            assert_eq!((w[0].wr_id, w[0].status), (77, WcStatus::Success), "{ctx}");
+            assert_eq!(mem(a.addr, 4096), mem(b.addr, 4096), "{ctx}");
+        }
+    }
+}
+
+/// Frames a host sends now, as bytes.
+fn answers_raw(h: &mut Host, now: u64) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 9000];
+    loop {
+        let n = h.core.build_frame(now, &mut buf);
+        if n == 0 {
+            return out;
+        }
+        out.push(buf[..n].to_vec());
+    }
+}
+
 /// Whether a SpoofedSource frame kept the peer's address (port-only spoof).
 fn spoofs_port_only(frame: &[u8], t: &Target) -> bool {
     let (r, _) = RoceRepr::parse(frame).unwrap();
@@ -372,12 +482,16 @@ fn fuzz_parser_and_engine_with_traffic_in_flight() {
     let mut buf = vec![0u8; 9000];
     let mut wcs = [NO_WC; 64];
     let (mut posted, mut completed, mut frames, mut bad_icrc, mut connections) = (0u64, 0, 0, 0, 0);
+    let mut sr_hostile = 0u64;
     let mut i = 0u64;
     while i < iters {
         // One connection until either side's QP fails (hostile packets in
         // sequence move it to ERR, as they should), then a fresh one.
         connections += 1;
-        let (mut a, mut b) = pair(seed ^ (connections << 32));
+        // Every other connection recovers by selective repeat, and gets
+        // that mode's hostile frames too.
+        let sr = connections % 2 == 0;
+        let (mut a, mut b) = pair_with(seed ^ (connections << 32), sr);
         let privates = [
             crc32fast::hash(mem(a.private.0, a.private.1)),
             crc32fast::hash(mem(b.private.0, b.private.1)),
@@ -454,6 +568,24 @@ fn fuzz_parser_and_engine_with_traffic_in_flight() {
                 let (_, n) = g.next(&mut buf);
                 b.core.handle_frame(now, &buf[..n]);
             }
+            if sr && rng.chance(0.05) {
+                // Aimed at A, the side with requests in flight.
+                let qa = a.core.qp(a.qpn).unwrap();
+                let t = SrTarget {
+                    net: path((MAC_B, IP_B), (MAC_A, IP_A))
+                        .template(b.qpn, a.qpn)
+                        .unwrap(),
+                    qpn: a.qpn,
+                    sq_psn: qa.sq_psn(),
+                    sent: 1 + rng.below(16) as u32,
+                    epsn: qa.rq_psn(),
+                    rkey: a.rkey,
+                    va: a.addr,
+                };
+                let (_, n) = SrGenerator::new(t, rng.next_u64()).next(&mut buf);
+                a.core.handle_frame(now, &buf[..n]);
+                sr_hostile += 1;
+            }
             a.core.handle_timers(now);
             b.core.handle_timers(now);
             for h in [&mut a, &mut b] {
@@ -466,10 +598,11 @@ fn fuzz_parser_and_engine_with_traffic_in_flight() {
         frames += a.core.stats.rx_frames + b.core.stats.rx_frames;
         bad_icrc += a.core.stats.rx_bad_icrc + b.core.stats.rx_bad_icrc;
     }
-    eprintln!("fuzz: {connections} connections, {posted} WRs posted, {completed} completions, {frames} frames received, {bad_icrc} with bad ICRC");
+    eprintln!("fuzz: {connections} connections, {posted} WRs posted, {completed} completions, {frames} frames received, {bad_icrc} with bad ICRC, {sr_hostile} selective-repeat hostile frames");
     assert!(
         posted > 1000,
         "the fuzzer must drive real traffic ({posted} posted)"
     );
     assert!(completed > 1000 && bad_icrc > 0 && frames > 10_000);
+    assert!(sr_hostile > 1000, "{sr_hostile} selective-repeat frames");
 }

@@ -280,7 +280,9 @@ fn rdma_write_read_send_atomics_between_namespaces() {
     let (a_addr, a_l, _) = lab.mr(0, 1 << 16, "all");
     let (b_addr, b_l, b_r) = lab.mr(1, 1 << 16, "all");
     let _ = a_addr;
-    let (qa, qb) = lab.connect();
+    // Both daemons offer selective repeat by default.
+    let (qa, qb, recovery) = lab.connect_recovery();
+    assert_eq!(recovery, "selective-repeat");
     let (qa, qb) = (qa.to_string(), qb.to_string());
     // A 10000-byte WRITE: ten packets at MTU 1024.
     let data: Vec<u8> = (0..10000u32).map(|i| (i * 13 + 5) as u8).collect();
@@ -389,6 +391,31 @@ fn rdma_write_read_send_atomics_between_namespaces() {
     assert_eq!(lab.mr_bytes(1, b_l, 60000, 8), 42u64.to_ne_bytes());
     let q = lab.ok(0, &["qp", "list"]);
     assert_eq!(q["qps"][0]["stats"]["retransmits"], 0, "{q}");
+}
+
+/// A daemon that does not offer selective repeat gets go-back-N, whoever
+/// connects, and the QP still works.
+#[test]
+fn selective_repeat_only_when_both_daemons_offer_it() {
+    let _g = serial();
+    let mut lab = Lab::new(1500);
+    lab.up(0, &[]);
+    lab.up(1, &["--no-selective-repeat"]);
+    let (_, a_l, _) = lab.mr(0, 1 << 16, "all");
+    let (b_addr, b_l, b_r) = lab.mr(1, 1 << 16, "all");
+    let (qa, _, recovery) = lab.connect_recovery();
+    assert_eq!(recovery, "go-back-N");
+    let data: Vec<u8> = (0..5000u32).map(|i| (i * 7 + 1) as u8).collect();
+    let v = lab.post_ok(
+        "write",
+        &qa.to_string(),
+        a_l,
+        &["--data", &hex(&data)],
+        b_addr,
+        b_r,
+    );
+    assert_eq!(v["wc"]["status"], "success");
+    assert_eq!(lab.mr_bytes(1, b_l, 0, 5000), data);
 }
 
 #[test]

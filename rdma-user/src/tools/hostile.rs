@@ -340,3 +340,137 @@ impl UdGenerator {
             .expect("buffer large enough")
     }
 }
+
+/// Hostile frames against selective repeat (issue: loss recovery): SACKs
+/// that lie, and traffic of the other recovery mode. Each is counted and
+/// dropped; none moves the victim's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SrClass {
+    /// A SACK whose PSN is before the victim's oldest unacknowledged PSN
+    /// (stale, or forged): nothing new in it (`dropped`).
+    SackBeforeWindow,
+    /// A SACK expecting a PSN the victim never sent (`sr_bad_sacks`).
+    SackBeyondSent,
+    /// A SACK at the right PSN whose bitmap claims PSNs never sent
+    /// (`sr_bad_sacks`).
+    SackClaimsUnsent,
+    /// A SACK carrying a NAK syndrome (`sr_bad_sacks`).
+    SackNakSyndrome,
+    /// Go-back-N's sequence-error NAK to a QP that negotiated selective
+    /// repeat (`sr_wrong_mode`).
+    SeqNakToSr,
+    /// A SACK to a go-back-N QP (`sr_wrong_mode`; the victim must be one).
+    SackToGbn,
+    /// A WRITE beyond the responder's window (`sr_outside_window`).
+    RequestBeyondWindow,
+}
+
+pub const SR_CLASSES: [SrClass; 7] = [
+    SrClass::SackBeforeWindow,
+    SrClass::SackBeyondSent,
+    SrClass::SackClaimsUnsent,
+    SrClass::SackNakSyndrome,
+    SrClass::SeqNakToSr,
+    SrClass::SackToGbn,
+    SrClass::RequestBeyondWindow,
+];
+
+/// A victim QP that has `sent` request PSNs outstanding from `sq_psn`,
+/// and expects `epsn` as a responder.
+#[derive(Debug, Clone, Copy)]
+pub struct SrTarget {
+    /// Headers as the connected peer sends them.
+    pub net: RoceRepr,
+    pub qpn: u32,
+    pub sq_psn: u32,
+    pub sent: u32,
+    pub epsn: u32,
+    pub rkey: u32,
+    pub va: u64,
+}
+
+pub struct SrGenerator {
+    t: SrTarget,
+    rng: Rng,
+    payload: Vec<u8>,
+}
+
+impl SrGenerator {
+    pub fn new(t: SrTarget, seed: u64) -> SrGenerator {
+        let (rng, payload) = seeded(seed);
+        SrGenerator { t, rng, payload }
+    }
+
+    /// A random class and its frame in `buf`.
+    pub fn next(&mut self, buf: &mut [u8]) -> (SrClass, usize) {
+        let c = SR_CLASSES[self.rng.below(SR_CLASSES.len() as u64) as usize];
+        (c, self.frame(c, buf))
+    }
+
+    /// One frame of class `c`; returns its length.
+    pub fn frame(&mut self, c: SrClass, buf: &mut [u8]) -> usize {
+        let t = self.t;
+        let rnd = self.rng.next_u64();
+        let mut r = t.net;
+        r.transport = TransportRepr::default();
+        let b = &mut r.transport.bth;
+        b.opcode = opcode::SR_SACK;
+        b.dest_qpn = t.qpn;
+        b.psn = t.sq_psn;
+        b.pkey = 0xffff;
+        let mut aeth = AethRepr {
+            syndrome: 0x1f,
+            msn: (rnd >> 40) as u32 & MASK_24,
+        };
+        let mut bits = [0u8; SACK_BITMAP_LEN];
+        let window = (SACK_BITMAP_LEN * 8) as u32;
+        // A bit for PSN `sq_psn + 1 + i`.
+        let mut set = |i: u32| bits[i as usize / 8] |= 1 << (i % 8);
+        let mut len = 0;
+        match c {
+            SrClass::SackBeforeWindow => {
+                b.psn = psn_add(t.sq_psn, MASK_24 - (rnd as u32 % 1000));
+                set((rnd >> 16) as u32 % window);
+            }
+            SrClass::SackBeyondSent => {
+                b.psn = psn_add(t.sq_psn, t.sent + 1 + (rnd as u32 % 1000));
+            }
+            SrClass::SackClaimsUnsent => {
+                // Bit i names PSN sq_psn + 1 + i: from i = sent - 1 on,
+                // never sent.
+                let from = t.sent.saturating_sub(1);
+                set(from + (rnd as u32 % (window - from)));
+            }
+            SrClass::SackNakSyndrome => {
+                const NAKS: [u8; 4] = [0x60, 0x61, 0x62, 0x63];
+                aeth.syndrome = NAKS[rnd as usize % NAKS.len()];
+            }
+            SrClass::SeqNakToSr => {
+                b.opcode = opcode::RC_ACKNOWLEDGE;
+                aeth.syndrome = 0x60;
+            }
+            SrClass::SackToGbn => {}
+            SrClass::RequestBeyondWindow => {
+                b.opcode = opcode::RC_RDMA_WRITE_ONLY;
+                b.psn = psn_add(t.epsn, window + (rnd as u32 % 1000));
+                b.ack_req = true;
+                len = 1 + (rnd >> 20) as usize % 64;
+                r.transport.reth = Some(RethRepr {
+                    va: t.va,
+                    rkey: t.rkey,
+                    dma_len: len as u32,
+                });
+            }
+        }
+        let flags = rdma_common::opcode_flags(r.transport.bth.opcode);
+        if flags.has(OpFlags::AETH) {
+            r.transport.aeth = Some(aeth);
+        }
+        if flags.has(OpFlags::SACK_BITMAP) {
+            r.transport.sack = Some(bits);
+        }
+        r.emit(&self.payload[..len], buf)
+            .expect("buffer large enough")
+    }
+}

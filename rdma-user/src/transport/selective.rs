@@ -958,3 +958,19 @@ impl QpEngine {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::negotiate;
+
+    #[test]
+    fn selective_repeat_only_when_both_offer_it() {
+        assert!(negotiate(true, Some(true)));
+        // A peer that offers nothing (rxe, an older stack, a peer that never
+        // answers the question) or declines gets go-back-N.
+        assert!(!negotiate(true, None));
+        assert!(!negotiate(true, Some(false)));
+        assert!(!negotiate(false, Some(true)));
+        assert!(!negotiate(false, None));
+    }
+}

@@ -266,9 +266,16 @@ impl Lab {
 
     /// Creates a QP on each host and connects them; returns (qpn A, qpn B).
     pub fn connect(&self) -> (u64, u64) {
+        let (qa, qb, _) = self.connect_recovery();
+        (qa, qb)
+    }
+
+    /// As [`Lab::connect`], with the loss recovery the two daemons agreed
+    /// on ("selective-repeat" or "go-back-N").
+    pub fn connect_recovery(&self) -> (u64, u64, String) {
         let qa = self.ok(0, &["qp", "create"])["qpn"].as_u64().unwrap();
         let qb = self.ok(1, &["qp", "create"])["qpn"].as_u64().unwrap();
-        self.ok(
+        let v = self.ok(
             0,
             &[
                 "qp",
@@ -280,7 +287,7 @@ impl Lab {
                 &qb.to_string(),
             ],
         );
-        (qa, qb)
+        (qa, qb, v["recovery"].as_str().unwrap_or("").to_string())
     }
 
     /// Sends raw frames from host i's interface (AF_PACKET).

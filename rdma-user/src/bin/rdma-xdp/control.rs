@@ -473,12 +473,13 @@ pub fn qp(q: QpCmd, g: &Global) -> Result<()> {
         }
         Request::QpDestroy { qpn } => println!("destroyed qpn 0x{qpn:06x}"),
         _ => println!(
-            "qpn 0x{:06x} connected to {} qpn 0x{:06x} (our psn 0x{:06x}, mtu {})",
+            "qpn 0x{:06x} connected to {} qpn 0x{:06x} (our psn 0x{:06x}, mtu {}, recovery {})",
             v["qpn"].as_u64().unwrap_or(0),
             v["peer_ip"].as_str().unwrap_or("?"),
             v["remote_qpn"].as_u64().unwrap_or(0),
             v["psn"].as_u64().unwrap_or(0),
-            v["mtu"]
+            v["mtu"],
+            v["recovery"].as_str().unwrap_or("go-back-N")
         ),
     }
     Ok(())
