@@ -18,7 +18,10 @@ fn main() -> anyhow::Result<()> {
         .ok_or_else(|| anyhow!("rdma-user has no parent directory"))?
         .join("rdma-common");
     println!("cargo:rerun-if-changed={}", common.join("src").display());
-    println!("cargo:rerun-if-changed={}", common.join("Cargo.toml").display());
+    println!(
+        "cargo:rerun-if-changed={}",
+        common.join("Cargo.toml").display()
+    );
     aya_build::build_ebpf(
         [aya_build::Package {
             name: "rdma-ebpf",

@@ -565,10 +565,7 @@ const fn opcode_def(opc: u8) -> (&'static str, OpFlags) {
         ),
         opcode::CNP => ("CNP", f(&[F::CNP, F::ONLY, F::CNP_RESERVED])),
         opcode::CNP_LEGACY => ("CNP_LEGACY", f(&[F::CNP, F::ONLY])),
-        opcode::SR_SACK => (
-            "SR_SACK",
-            f(&[F::SACK, F::ONLY, F::AETH, F::SACK_BITMAP]),
-        ),
+        opcode::SR_SACK => ("SR_SACK", f(&[F::SACK, F::ONLY, F::AETH, F::SACK_BITMAP])),
         _ => ("UNKNOWN", F::UNKNOWN),
     }
 }
@@ -806,8 +803,10 @@ mod tests {
                 assert_ne!(opcode_name(o), "UNKNOWN", "{o:#x}");
             }
         }
-        // 23 RC (0x00-0x14, 0x16, 0x17) + 12 UC + 2 UD + 2 CNP; 9 RC holes
-        assert_eq!(known, 23 + 12 + 2 + 2);
+        // 23 RC (0x00-0x14, 0x16, 0x17) + 12 UC + 2 UD + 2 CNP + our
+        // SR_SACK (0xc0, manufacturer-specific range); 9 RC holes
+        assert_eq!(opcode_name(opcode::SR_SACK), "SR_SACK");
+        assert_eq!(known, 23 + 12 + 2 + 2 + 1);
         assert_eq!(reserved, 9);
     }
 }

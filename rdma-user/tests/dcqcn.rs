@@ -63,15 +63,7 @@ fn pair(ecn: bool) -> (Host, Host) {
 }
 
 fn frames(h: &mut Host, now: u64) -> Vec<Vec<u8>> {
-    let mut out = Vec::new();
-    let mut buf = vec![0u8; 9000];
-    loop {
-        let n = h.core.build_frame(now, &mut buf);
-        if n == 0 {
-            return out;
-        }
-        out.push(buf[..n].to_vec());
-    }
+    cores::frames(&mut h.core, now)
 }
 
 fn write(a: &mut Host, b: &Host, id: u64, len: u32) {

@@ -124,15 +124,10 @@ fn target(a: &Host, b: &Host) -> Target {
 
 /// Frames B sends now (its answers), parsed.
 fn answers(b: &mut Host, now: u64) -> Vec<RoceRepr> {
-    let mut out = Vec::new();
-    let mut buf = vec![0u8; 9000];
-    loop {
-        let n = b.core.build_frame(now, &mut buf);
-        if n == 0 {
-            return out;
-        }
-        out.push(RoceRepr::parse(&buf[..n]).unwrap().0);
-    }
+    cores::frames(&mut b.core, now)
+        .iter()
+        .map(|f| RoceRepr::parse(f).unwrap().0)
+        .collect()
 }
 
 /// The data path counters that are not zero (besides rx_frames).
@@ -354,15 +349,8 @@ fn every_hostile_selective_repeat_class_is_counted_and_changes_nothing() {
             wr.remote_addr = a.addr;
             let qpn = b.qpn;
             b.core.post_send(qpn, &wr).unwrap();
-            let mut requests = Vec::new();
+            let requests = cores::frames(&mut b.core, 1);
             let mut buf = vec![0u8; 9000];
-            loop {
-                let n = b.core.build_frame(1, &mut buf);
-                if n == 0 {
-                    break;
-                }
-                requests.push(buf[..n].to_vec());
-            }
             assert_eq!(requests.len(), SENT as usize);
             mem_mut(b.addr + 8192, MR_LEN - 8192).fill(0xc3);
             let before = crc32fast::hash(mem(b.addr, MR_LEN));
@@ -408,7 +396,7 @@ fn every_hostile_selective_repeat_class_is_counted_and_changes_nothing() {
             for f in &requests {
                 a.core.handle_frame(4, f);
             }
-            for r in answers_raw(&mut a, 5) {
+            for r in cores::frames(&mut a.core, 5) {
                 b.core.handle_frame(6, &r);
             }
             let mut w = [NO_WC; 4];
@@ -418,19 +406,6 @@ fn every_hostile_selective_repeat_class_is_counted_and_changes_nothing() {
             assert_eq!((w[0].wr_id, w[0].status), (77, WcStatus::Success), "{ctx}");
             assert_eq!(mem(a.addr, 4096), mem(b.addr, 4096), "{ctx}");
         }
-    }
-}
-
-/// Frames a host sends now, as bytes.
-fn answers_raw(h: &mut Host, now: u64) -> Vec<Vec<u8>> {
-    let mut out = Vec::new();
-    let mut buf = vec![0u8; 9000];
-    loop {
-        let n = h.core.build_frame(now, &mut buf);
-        if n == 0 {
-            return out;
-        }
-        out.push(buf[..n].to_vec());
     }
 }
 

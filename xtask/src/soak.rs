@@ -56,7 +56,10 @@ pub(crate) fn soak(ops: u64, seed: u64) -> Result<()> {
         let cj = out_dir.join("client.json");
         let _ = std::fs::remove_file(&rj);
         let _ = std::fs::remove_file(&cj);
-        let sl = out_dir.join(format!("server-{}-{mode}.log", name.replace([' ', '%'], "")));
+        let sl = out_dir.join(format!(
+            "server-{}-{mode}.log",
+            name.replace([' ', '%'], "")
+        ));
         let relay = Running(
             Command::new("ip")
                 .args(["netns", "exec", &ns[1]])

@@ -342,8 +342,7 @@ impl QpEngine {
         // With a limited window the packet that fills it must ask for an
         // ACK, or the window stays shut until a timeout.
         let fills_window = ahead.is_some_and(|a| a >= 0 && a as u32 + 1 >= window);
-        let (len, advance_wqe) =
-            self.build_request(now, self.req.cur, psn, fills_window, mem, buf);
+        let (len, advance_wqe) = self.build_request(now, self.req.cur, psn, fills_window, mem, buf);
         if advance_wqe {
             self.req.cur += 1;
             self.req.cur_psn = match self.req.sq.get(self.req.cur) {

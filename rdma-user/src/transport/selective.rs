@@ -294,7 +294,10 @@ impl QpEngine {
                 plen: payload.len() as u32,
             }
         } else if payload.is_empty() {
-            Held::Stashed { slot: None, plen: 0 }
+            Held::Stashed {
+                slot: None,
+                plen: 0,
+            }
         } else if payload.len() > self.sr.rx.slot_len {
             // Longer than any request may be: in order it is a fatal
             // length error; it must come again to meet that check.
@@ -493,12 +496,36 @@ impl QpEngine {
         d >= 0 && (d as u32) < SR_WINDOW
     }
 
-    /// The oldest send WQE moved on: its PSNs' bits are free again.
+    /// The oldest send WQE moved on, or the responder's expected PSN did:
+    /// the bits before the oldest PSN still needed are free again. That is
+    /// the responder's expected PSN (everything before it was executed),
+    /// but never past the first missing response of a READ or atomic still
+    /// waiting for them. Following the expected PSN, not the oldest WQE,
+    /// lets a message longer than the window slide through it.
     pub(super) fn sr_advance_base(&mut self) {
-        let new = match self.req.sq.front() {
+        let mut new = match self.req.sq.front() {
             Some(w) if w.started => w.first_psn,
             _ => self.req.next_psn,
         };
+        let cum = self.sr.tx.cum;
+        if psn_diff(cum, new) > 0 {
+            let mut lim = cum;
+            for w in self.req.sq.iter() {
+                if !w.started || psn_diff(w.first_psn, cum) >= 0 {
+                    break;
+                }
+                if w.opcode.is_rd_atomic() && !w.done {
+                    let m = psn_add(w.first_psn, w.resp_pkts);
+                    if psn_diff(m, lim) < 0 {
+                        lim = m;
+                    }
+                    break;
+                }
+            }
+            if psn_diff(lim, new) > 0 {
+                new = lim;
+            }
+        }
         let t = &mut self.sr.tx;
         let d = psn_diff(new, t.base);
         if d <= 0 {
@@ -548,6 +575,7 @@ impl QpEngine {
         }
         self.sr.tx.cum = epsn;
         self.sr.tx.scan_due = true;
+        self.sr_advance_base();
     }
 
     /// An SR_SACK: everything before its PSN is acknowledged; its bitmap
@@ -814,10 +842,14 @@ impl QpEngine {
         let seq = |p: u32| t.sent_seq[(p & (SR_WINDOW - 1)) as usize];
         let timed_out = |p: u32| psn_diff(p, t.lost_below) < 0 && !t.resent.get(p);
         for (idx, w) in self.req.sq.iter().enumerate() {
-            if !w.started
-                || psn_diff(w.first_psn, max) >= 0
-                || !self.sr_in_window(w.first_psn)
-            {
+            if !w.started || psn_diff(w.first_psn, max) >= 0 {
+                break;
+            }
+            if psn_diff(psn_add(w.first_psn, w.npkts), t.base) <= 0 {
+                // Wholly before the window: nothing of it is missing.
+                continue;
+            }
+            if psn_diff(w.first_psn, t.base) > 0 && !self.sr_in_window(w.first_psn) {
                 break;
             }
             if w.done {
@@ -852,13 +884,12 @@ impl QpEngine {
                 }
                 continue;
             }
-            for k in 0..w.npkts {
+            // From the first PSN the responder has not executed.
+            let from = psn_diff(t.cum, w.first_psn).max(0) as u32;
+            for k in from..w.npkts {
                 let p = psn_add(w.first_psn, k);
                 if psn_diff(p, max) >= 0 || !self.sr_in_window(p) {
                     return None;
-                }
-                if psn_diff(p, t.cum) < 0 {
-                    continue;
                 }
                 if t.probe {
                     // The oldest PSN unacknowledged, even if the responder

@@ -50,3 +50,16 @@ pub fn mem_mut(addr: u64, len: usize) -> &'static mut [u8] {
     // SAFETY: as above; the engine does not run while the test writes.
     unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) }
 }
+
+/// Every frame a core sends at `now`, as bytes.
+pub fn frames(core: &mut Core, now: u64) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 9000];
+    loop {
+        let n = core.build_frame(now, &mut buf);
+        if n == 0 {
+            return out;
+        }
+        out.push(buf[..n].to_vec());
+    }
+}
