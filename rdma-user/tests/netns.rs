@@ -408,7 +408,7 @@ fn selective_repeat_only_when_both_daemons_offer_it() {
     let data: Vec<u8> = (0..5000u32).map(|i| (i * 7 + 1) as u8).collect();
     let v = lab.post_ok(
         "write",
-        &qa.to_string(),
+        qa.to_string(),
         a_l,
         &["--data", &hex(&data)],
         b_addr,
