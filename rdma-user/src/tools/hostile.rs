@@ -6,6 +6,7 @@
 use serde::Serialize;
 
 use crate::rng::Rng;
+use crate::transport::SR_WINDOW;
 use crate::wire::*;
 use rdma_common::opcode;
 
@@ -420,11 +421,11 @@ impl SrGenerator {
         b.psn = t.sq_psn;
         b.pkey = 0xffff;
         let mut aeth = AethRepr {
-            syndrome: 0x1f,
+            syndrome: syndrome::ACK_UNLIMITED,
             msn: (rnd >> 40) as u32 & MASK_24,
         };
         let mut bits = [0u8; SACK_BITMAP_LEN];
-        let window = (SACK_BITMAP_LEN * 8) as u32;
+        let window = SR_WINDOW;
         // A bit for PSN `sq_psn + 1 + i`.
         let mut set = |i: u32| bits[i as usize / 8] |= 1 << (i % 8);
         let mut len = 0;
@@ -443,12 +444,17 @@ impl SrGenerator {
                 set(from + (rnd as u32 % (window - from)));
             }
             SrClass::SackNakSyndrome => {
-                const NAKS: [u8; 4] = [0x60, 0x61, 0x62, 0x63];
+                const NAKS: [u8; 4] = [
+                    syndrome::NAK_PSN_SEQ,
+                    syndrome::NAK_INVALID_REQUEST,
+                    syndrome::NAK_REMOTE_ACCESS,
+                    syndrome::NAK_REMOTE_OPERATIONAL,
+                ];
                 aeth.syndrome = NAKS[rnd as usize % NAKS.len()];
             }
             SrClass::SeqNakToSr => {
                 b.opcode = opcode::RC_ACKNOWLEDGE;
-                aeth.syndrome = 0x60;
+                aeth.syndrome = syndrome::NAK_PSN_SEQ;
             }
             SrClass::SackToGbn => {}
             SrClass::RequestBeyondWindow => {
