@@ -140,3 +140,83 @@ fn captured_fields_match_the_decoded_text() {
     assert_eq!(r.transport.deth.unwrap().src_qpn, 0x1a);
     assert_eq!(l.payload.len(), 64);
 }
+
+/// The CM MADs of rxe's `ib_write_lat -R` capture: QP1 UD SENDs.
+fn cm_mads() -> Vec<(RoceRepr, rdma_user::wire::cm::CmMad)> {
+    use rdma_user::wire::cm::CmMad;
+    read_pcap(&data_dir().join("write_lat_rdma_cm_64B.pcap"))
+        .unwrap()
+        .iter()
+        .filter(|f| is_roce(&f.data))
+        .filter_map(|f| {
+            let (r, l) = RoceRepr::parse(&f.data).unwrap();
+            (r.transport.bth.dest_qpn == 1).then(|| {
+                let payload = &f.data[l.payload.clone()];
+                let mad = CmMad::parse(payload).unwrap();
+                // Every attribute re-emits byte for byte.
+                assert_eq!(&mad.emit()[..], payload, "{} re-emits", mad.message.name());
+                (r, mad)
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn rxe_cm_mads_parse_and_reemit_exactly() {
+    use rdma_user::wire::cm::*;
+    let mads = cm_mads();
+    let names: Vec<_> = mads.iter().map(|(_, m)| m.message.name()).collect();
+    assert_eq!(
+        names,
+        ["REQ", "REP", "RTU", "REQ", "REP", "RTU", "DREQ", "DREP", "DREQ", "DREP"]
+    );
+    for (r, m) in &mads {
+        // GSI datagrams: UD SEND_ONLY from QP1 to QP1 under the GSI Q_Key,
+        // from the UDP port rxe gives QP1.
+        assert_eq!(r.transport.bth.opcode, opcode::UD_SEND_ONLY);
+        let d = r.transport.deth.unwrap();
+        assert_eq!((d.qkey, d.src_qpn), (GSI_QKEY, 1));
+        assert_eq!(r.udp.src_port, udp_sport_for_ud(1));
+        // The kernel's TID: its agent's high word, then the byte-swapped
+        // local comm id of the side that started the exchange.
+        assert_eq!(m.header.tid >> 32, 2);
+    }
+    let CmMessage::Req(req) = mads[0].1.message else {
+        panic!()
+    };
+    assert_eq!(req.local_comm_id, 0x07440f15);
+    assert_eq!(mads[0].1.header.tid as u32, req.local_comm_id.swap_bytes());
+    assert_eq!(req.service_id, service_id(port_space::TCP, 0x4853));
+    assert_eq!(req.local_ca_guid, 0x505400fffe990003);
+    assert_eq!((req.local_qpn, req.starting_psn), (0x1d, 0x05de45));
+    assert_eq!((req.responder_resources, req.initiator_depth), (0, 0));
+    assert_eq!(
+        (req.remote_cm_response_timeout, req.local_cm_response_timeout),
+        (20, 20)
+    );
+    assert_eq!((req.retry_count, req.rnr_retry_count, req.max_cm_retries), (7, 7, 15));
+    assert_eq!((req.pkey, req.path_mtu, req.transport_type), (0xffff, 3, 0));
+    let p = req.primary;
+    assert_eq!((p.local_lid, p.remote_lid), (0xffff, 0xffff));
+    assert_eq!(p.local_gid[12..], [10, 99, 0, 3]);
+    assert_eq!(p.remote_gid[12..], [10, 99, 0, 2]);
+    assert_eq!((p.hop_limit, p.local_ack_timeout, p.packet_rate), (64, 17, 0));
+    let cma = CmaHeader::parse(&req.private_data).unwrap();
+    assert_eq!(p.flow_label, cma_flow_label(cma.src_port, 0x4853));
+    assert_eq!(cma.dst.to_string(), "10.99.0.2");
+    let CmMessage::Rep(rep) = mads[1].1.message else {
+        panic!()
+    };
+    assert_eq!((rep.remote_comm_id, rep.local_qpn), (0x07440f15, 0x25));
+    assert_eq!((rep.starting_psn, rep.target_ack_delay, rep.rnr_retry_count), (0xa96c31, 15, 7));
+    assert_eq!(rep.local_ca_guid, 0x505400fffe990002);
+    assert_eq!(mads[1].1.header.tid, mads[0].1.header.tid, "the REP echoes the TID");
+    let CmMessage::Rtu(rtu) = mads[2].1.message else {
+        panic!()
+    };
+    assert_eq!((rtu.local_comm_id, rtu.remote_comm_id), (0x07440f15, 0x520ddd59));
+    let CmMessage::Dreq(dreq) = mads[6].1.message else {
+        panic!()
+    };
+    assert_eq!(dreq.remote_qpn, 0x26);
+}

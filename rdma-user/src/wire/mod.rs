@@ -11,6 +11,7 @@ mod ethernet;
 mod frame;
 mod icrc;
 mod ip;
+pub mod cm;
 pub mod pcap;
 mod transport;
 mod udp;
