@@ -11,6 +11,7 @@
 //! `rng` <- `wire` <- `memory` <- `transport` <- `io` <- `device` <-
 //! `control`, `verbs` <- `tools`.
 
+pub mod cm;
 pub mod control;
 pub mod device;
 pub mod io;

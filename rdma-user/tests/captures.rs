@@ -191,16 +191,25 @@ fn rxe_cm_mads_parse_and_reemit_exactly() {
     assert_eq!((req.local_qpn, req.starting_psn), (0x1d, 0x05de45));
     assert_eq!((req.responder_resources, req.initiator_depth), (0, 0));
     assert_eq!(
-        (req.remote_cm_response_timeout, req.local_cm_response_timeout),
+        (
+            req.remote_cm_response_timeout,
+            req.local_cm_response_timeout
+        ),
         (20, 20)
     );
-    assert_eq!((req.retry_count, req.rnr_retry_count, req.max_cm_retries), (7, 7, 15));
+    assert_eq!(
+        (req.retry_count, req.rnr_retry_count, req.max_cm_retries),
+        (7, 7, 15)
+    );
     assert_eq!((req.pkey, req.path_mtu, req.transport_type), (0xffff, 3, 0));
     let p = req.primary;
     assert_eq!((p.local_lid, p.remote_lid), (0xffff, 0xffff));
     assert_eq!(p.local_gid[12..], [10, 99, 0, 3]);
     assert_eq!(p.remote_gid[12..], [10, 99, 0, 2]);
-    assert_eq!((p.hop_limit, p.local_ack_timeout, p.packet_rate), (64, 17, 0));
+    assert_eq!(
+        (p.hop_limit, p.local_ack_timeout, p.packet_rate),
+        (64, 17, 0)
+    );
     let cma = CmaHeader::parse(&req.private_data).unwrap();
     assert_eq!(p.flow_label, cma_flow_label(cma.src_port, 0x4853));
     assert_eq!(cma.dst.to_string(), "10.99.0.2");
@@ -208,13 +217,22 @@ fn rxe_cm_mads_parse_and_reemit_exactly() {
         panic!()
     };
     assert_eq!((rep.remote_comm_id, rep.local_qpn), (0x07440f15, 0x25));
-    assert_eq!((rep.starting_psn, rep.target_ack_delay, rep.rnr_retry_count), (0xa96c31, 15, 7));
+    assert_eq!(
+        (rep.starting_psn, rep.target_ack_delay, rep.rnr_retry_count),
+        (0xa96c31, 15, 7)
+    );
     assert_eq!(rep.local_ca_guid, 0x505400fffe990002);
-    assert_eq!(mads[1].1.header.tid, mads[0].1.header.tid, "the REP echoes the TID");
+    assert_eq!(
+        mads[1].1.header.tid, mads[0].1.header.tid,
+        "the REP echoes the TID"
+    );
     let CmMessage::Rtu(rtu) = mads[2].1.message else {
         panic!()
     };
-    assert_eq!((rtu.local_comm_id, rtu.remote_comm_id), (0x07440f15, 0x520ddd59));
+    assert_eq!(
+        (rtu.local_comm_id, rtu.remote_comm_id),
+        (0x07440f15, 0x520ddd59)
+    );
     let CmMessage::Dreq(dreq) = mads[6].1.message else {
         panic!()
     };

@@ -5,11 +5,12 @@ use std::path::Path;
 
 /// Module -> rank; a module may import modules of a lower rank (and itself).
 /// `control` and `verbs` share a rank and must not import each other.
-const LAYERS: [(&str, u32); 9] = [
+const LAYERS: [(&str, u32); 10] = [
     ("rng", 0),
     ("wire", 1),
     ("memory", 2),
     ("transport", 3),
+    ("cm", 3),
     ("io", 4),
     ("device", 5),
     ("control", 6),

@@ -316,8 +316,11 @@ impl Req {
         put24(b, 44, self.starting_psn);
         b[47] = (self.local_cm_response_timeout & 0x1f) << 3 | (self.retry_count & 7);
         put16(b, 48, self.pkey);
-        b[50] = (self.path_mtu & 0xf) << 4 | (self.rdc_exists as u8) << 3 | (self.rnr_retry_count & 7);
-        b[51] = (self.max_cm_retries & 0xf) << 4 | (self.srq as u8) << 3 | (self.extended_transport & 7);
+        b[50] =
+            (self.path_mtu & 0xf) << 4 | (self.rdc_exists as u8) << 3 | (self.rnr_retry_count & 7);
+        b[51] = (self.max_cm_retries & 0xf) << 4
+            | (self.srq as u8) << 3
+            | (self.extended_transport & 7);
         self.primary.emit(&mut b[52..52 + CmPath::LEN]);
         self.alternate.emit(&mut b[96..96 + CmPath::LEN]);
         b[140..].copy_from_slice(&self.private_data);

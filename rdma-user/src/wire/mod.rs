@@ -7,11 +7,11 @@
 //! payload, 0-3 pad bytes and the 4-byte ICRC. The header layouts themselves
 //! live in `rdma_common`, shared with the XDP program.
 
+pub mod cm;
 mod ethernet;
 mod frame;
 mod icrc;
 mod ip;
-pub mod cm;
 pub mod pcap;
 mod transport;
 mod udp;
