@@ -160,6 +160,11 @@ pub unsafe extern "C" fn ibv_get_device_guid(device: *mut ibv_device) -> __be64 
         .unwrap_or(0)
 }
 
+/// The network interface behind one of our devices.
+pub(crate) fn netdev_of(device: *mut ibv_device) -> Option<String> {
+    our_device(device).map(|d| d.link.netdev.clone())
+}
+
 /// An open device: rdma-core's `verbs_context` (which ends with the
 /// `ibv_context` the program holds) first, then ours.
 #[repr(C)]

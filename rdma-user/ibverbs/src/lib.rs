@@ -16,6 +16,7 @@ mod ah;
 mod device;
 mod events;
 pub mod ffi;
+pub mod rdmacm;
 mod srq;
 mod verbs;
 mod wr;

@@ -179,7 +179,7 @@ pub(crate) fn qp_event_acked(qp: *mut ibv_qp) {
 
 /// The data path of a context, started on first use (not at
 /// `ibv_open_device`: `ibv_devinfo` must not attach XDP to an interface).
-fn data_path(c: &'static Context) -> Result<verbs::Context, c_int> {
+pub(crate) fn data_path(c: &'static Context) -> Result<verbs::Context, c_int> {
     let mut dp = c.dp.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(d) = dp.as_ref() {
         return Ok(d.clone());

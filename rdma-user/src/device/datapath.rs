@@ -364,6 +364,8 @@ pub struct Core {
     pub async_events: Option<Arc<AsyncShared>>,
     /// ECN and DCQCN: set before QPs and AHs are made.
     pub cc: CcConfig,
+    /// QP1's mailbox to the CM, when a CM runs on this device.
+    pub gsi: Option<Arc<super::gsi::Gsi>>,
 }
 
 pub struct DataPath {
@@ -407,6 +409,7 @@ impl Core {
             doorbell: None,
             async_events: None,
             cc: CcConfig::default(),
+            gsi: None,
         }
     }
 
@@ -683,9 +686,11 @@ impl Core {
 
     /// Work waits in a shared ring (checked once more before sleeping).
     pub fn rings_have_work(&self) -> bool {
-        self.qps
-            .values()
-            .any(|s| s.rings.as_ref().is_some_and(|r| r.has_work()))
+        self.gsi.as_ref().is_some_and(|g| g.has_tx())
+            || self
+                .qps
+                .values()
+                .any(|s| s.rings.as_ref().is_some_and(|r| r.has_work()))
     }
 
     /// Moves posted WRs from the shared rings into the engines; true if
@@ -787,6 +792,14 @@ impl Core {
             Err(e) => return self.stats.count(*e),
         };
         let qpn = repr.transport.bth.dest_qpn;
+        if qpn == 1 {
+            // QP1: a MAD for the CM (checked and queued, not run here).
+            match &self.gsi {
+                Some(g) => g.deliver(repr, &frame[layout.payload.clone()], reply_headers(repr)),
+                None => self.stats.rx_unknown_qpn += 1,
+            }
+            return;
+        }
         let Some(slot) = self.qps.get_mut(&qpn) else {
             self.stats.rx_unknown_qpn += 1;
             return;
@@ -917,6 +930,14 @@ impl Core {
     /// nothing, or `xsk::NEEDS_LARGER` when only QPs whose frames do not
     /// fit `buf` may have something.
     pub fn build_frame(&mut self, now: Nanos, buf: &mut [u8]) -> usize {
+        if let Some(g) = self.gsi.as_deref().filter(|g| g.has_tx()) {
+            // The CM's MADs first: few, and a connection waits on each.
+            match g.build_frame(buf) {
+                Ok(0) => {}
+                Ok(n) => return n,
+                Err(_) => self.stats.tx_emit_errors += 1,
+            }
+        }
         let n = self.qp_order.len();
         let mut too_small = false;
         for i in 0..n {

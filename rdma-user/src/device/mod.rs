@@ -8,6 +8,7 @@
 
 pub mod datapath;
 pub mod error;
+pub mod gsi;
 pub mod rings;
 pub mod runner;
 pub mod standalone;

@@ -25,7 +25,7 @@ use crate::transport::{
 };
 
 /// A close-on-exec eventfd with `flags` besides.
-fn eventfd(flags: i32) -> std::io::Result<i32> {
+pub(crate) fn eventfd(flags: i32) -> std::io::Result<i32> {
     // SAFETY: eventfd takes no pointers.
     let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | flags) };
     if fd < 0 {

@@ -236,6 +236,14 @@ impl Context {
         }
     }
 
+    /// Gives QP1's MADs to a CM (`None`: QP1 frames are dropped again).
+    pub fn set_gsi(&self, gsi: Option<Arc<crate::device::gsi::Gsi>>) -> Result<()> {
+        self.call(|dp| {
+            dp.core.gsi = gsi;
+            Ok::<_, Error>(())
+        })
+    }
+
     /// Wakes the data path thread if it sleeps (after posting work that
     /// [`Context::progress`] could not move).
     pub fn wake(&self) {
