@@ -313,6 +313,9 @@ struct IdState {
     sync: bool,
     /// Bound or resolved local address, and the peer's.
     src: Option<SocketAddr>,
+    /// The port is this id's (bound by it): a connection a listener
+    /// accepted uses the listener's port without holding it.
+    holds_port: bool,
     dst: Option<SocketAddr>,
     dev: Option<usize>,
     listens: Vec<(usize, u32)>,
@@ -476,6 +479,9 @@ impl Cm {
     }
 
     fn on_event(&mut self, dev: usize, ev: CmEvent) {
+        if trace() {
+            eprintln!("rdma-xdp cm {}: {ev:?}", self.devs[dev].netdev);
+        }
         match ev {
             CmEvent::ConnectRequest {
                 listener,
@@ -616,6 +622,13 @@ impl Cm {
 
     fn on_request(&mut self, dev: usize, listener: u32, comm: u32, peer: IpAddr, r: Request) {
         let reject = |cm: &mut Cm| match r {
+            _ if trace() && {
+                eprintln!("rdma-xdp cm: rejecting request {comm} from {peer}");
+                false
+            } =>
+            {
+                unreachable!()
+            }
             Request::Conn(_) => {
                 let _ = cm.devs[dev]
                     .agent
@@ -872,6 +885,12 @@ impl Cm {
     }
 }
 
+/// RDMA_XDP_CM_TRACE=1: every CM event and refusal on stderr.
+fn trace() -> bool {
+    static T: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *T.get_or_init(|| std::env::var_os("RDMA_XDP_CM_TRACE").is_some_and(|v| v != "0"))
+}
+
 /// rdma_cm's local ACK time-out for RoCE: the path's packet life time
 /// (CMA_IBOE_PACKET_LIFETIME, 16) plus one, as rxe's REQs carry it.
 const CMA_ACK_TIMEOUT: u8 = 17;
@@ -958,6 +977,7 @@ fn id_state(sync: bool) -> IdState {
     IdState {
         sync,
         src: None,
+        holds_port: false,
         dst: None,
         dev: None,
         listens: Vec::new(),
@@ -1211,12 +1231,13 @@ fn pick_port(cm: &Cm, ps: c_int, ip: IpAddr, want: u16, reuse: bool) -> Result<u
         cm.ids.iter().any(|(&p, st)| {
             // SAFETY: every key of ids is a live id of ours.
             let ops = unsafe { (*(p as *mut rdma_cm_id)).ps };
-            st.src.is_some_and(|s| {
-                s.port() == port
-                    && ops == ps
-                    && (s.ip() == ip || s.ip().is_unspecified() || ip.is_unspecified())
-                    && !(reuse && st.reuse)
-            })
+            st.holds_port
+                && st.src.is_some_and(|s| {
+                    s.port() == port
+                        && ops == ps
+                        && (s.ip() == ip || s.ip().is_unspecified() || ip.is_unspecified())
+                        && !(reuse && st.reuse)
+                })
         })
     };
     if want != 0 {
@@ -1253,6 +1274,7 @@ fn bind(cm: &mut Cm, id: *mut rdma_cm_id, a: SocketAddr) -> Result<(), c_int> {
     let a = SocketAddr::new(a.ip(), port);
     let st = cm.ids.get_mut(&(id as usize)).unwrap();
     st.src = Some(a);
+    st.holds_port = true;
     st.dev = dev;
     // SAFETY: a live id of ours.
     unsafe {
@@ -1784,7 +1806,15 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_
         });
         match r {
             Ok(()) => 0,
-            Err(e) => err(e),
+            Err(e) => {
+                if trace() {
+                    eprintln!(
+                        "rdma-xdp cm: rdma_listen: {}",
+                        std::io::Error::from_raw_os_error(e)
+                    );
+                }
+                err(e)
+            }
         }
     })
 }
@@ -2192,6 +2222,11 @@ pub unsafe extern "C" fn rdma_create_ep(
             != 0
         {
             return -1;
+        }
+        if !attr.is_null() {
+            // rdma_create_ep takes the QP type from the address info.
+            // SAFETY: the caller's attr.
+            unsafe { (*attr).qp_type = r.ai_qp_type as u32 };
         }
         let fail = |new| {
             destroy_id_inner(new);
