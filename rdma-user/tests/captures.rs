@@ -238,3 +238,104 @@ fn rxe_cm_mads_parse_and_reemit_exactly() {
     };
     assert_eq!(dreq.remote_qpn, 0x26);
 }
+
+/// Given the inputs rxe's connections had (comm ids, QPNs, PSNs, ports,
+/// addresses, GUIDs, the TID's agent word), our CM sends rxe's REQ, REP,
+/// RTU, DREQ and DREP byte for byte: every other field (time-outs,
+/// retries, path, flags, reserved bits, rdma_cm's header) is ours.
+#[test]
+fn our_cm_sends_rxes_mads_byte_for_byte() {
+    use rdma_user::cm::*;
+    use rdma_user::wire::cm::*;
+    use std::net::SocketAddr;
+    let mads = cm_mads();
+    let raw = |i: usize| mads[i].1.emit();
+    let agent = |guid: u64, comm: u32| {
+        CmAgent::new(CmConfig {
+            ca_guid: guid,
+            response_timeout: 20,
+            max_retries: 15,
+            tid_high: 2,
+            first_comm_id: comm,
+        })
+    };
+    let (a_ip, b_ip): (std::net::IpAddr, std::net::IpAddr) =
+        ("10.99.0.3".parse().unwrap(), "10.99.0.2".parse().unwrap());
+    // Connections 1 and 2 of the capture: (REQ, REP, RTU) frame indexes.
+    let mut actives = Vec::new();
+    let mut passives = Vec::new();
+    for (req_i, rep_i, rtu_i) in [(0, 1, 2), (3, 4, 5)] {
+        let CmMessage::Req(req) = mads[req_i].1.message else { panic!() };
+        let CmMessage::Rep(rep) = mads[rep_i].1.message else { panic!() };
+        let cma = CmaHeader::parse(&req.private_data).unwrap();
+        let mut a = agent(req.local_ca_guid, req.local_comm_id);
+        let params = ConnectParams::rdma_cm(&RdmaCmConnect {
+            src: SocketAddr::new(a_ip, cma.src_port),
+            dst: SocketAddr::new(b_ip, req.service_id as u16),
+            port_space: port_space::TCP,
+            qpn: req.local_qpn,
+            starting_psn: req.starting_psn,
+            responder_resources: 0,
+            initiator_depth: 0,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            srq: false,
+            path_mtu: 3,
+            traffic_class: 0,
+            ack_timeout: None,
+            private_data: &[],
+        })
+        .unwrap();
+        let id = a.connect(0, &params);
+        let sent = a.poll_transmit().unwrap();
+        assert_eq!(sent.to, b_ip);
+        assert_eq!(sent.mad, raw(req_i), "REQ {req_i}");
+
+        let mut b = agent(rep.local_ca_guid, rep.local_comm_id);
+        b.listen(req.service_id).unwrap();
+        b.handle_mad(0, a_ip, &sent.mad);
+        let Some(CmEvent::ConnectRequest { id: bid, .. }) = b.poll_event() else { panic!() };
+        b.accept(
+            0,
+            bid,
+            &AcceptParams {
+                qpn: rep.local_qpn,
+                starting_psn: rep.starting_psn,
+                responder_resources: 0,
+                initiator_depth: 0,
+                rnr_retry_count: 7,
+                srq: false,
+                private_data: [0; REP_PRIVATE_LEN],
+            },
+        )
+        .unwrap();
+        let sent = b.poll_transmit().unwrap();
+        assert_eq!(sent.mad, raw(rep_i), "REP {rep_i}");
+
+        a.handle_mad(0, b_ip, &sent.mad);
+        assert!(matches!(a.poll_event(), Some(CmEvent::ConnectResponse { .. })));
+        a.establish(id, [0; RTU_PRIVATE_LEN]).unwrap();
+        let sent = a.poll_transmit().unwrap();
+        assert_eq!(sent.mad, raw(rtu_i), "RTU {rtu_i}");
+        b.handle_mad(0, a_ip, &sent.mad);
+        assert_eq!(b.poll_event(), Some(CmEvent::Established { id: bid }));
+        actives.push((a, id));
+        passives.push((b, bid));
+    }
+    // Frames 6-7: the active side closes connection 2; its DREP.
+    let (a2, id2) = &mut actives[1];
+    a2.disconnect(0, *id2, [0; DREQ_PRIVATE_LEN]).unwrap();
+    let dreq = a2.poll_transmit().unwrap();
+    assert_eq!(dreq.mad, raw(6), "DREQ");
+    let (b2, _) = &mut passives[1];
+    b2.handle_mad(0, a_ip, &dreq.mad);
+    assert_eq!(b2.poll_transmit().unwrap().mad, raw(7), "DREP");
+    // Frames 8-9: the passive side closes connection 1.
+    let (b1, bid1) = &mut passives[0];
+    b1.disconnect(0, *bid1, [0; DREQ_PRIVATE_LEN]).unwrap();
+    let dreq = b1.poll_transmit().unwrap();
+    assert_eq!(dreq.mad, raw(8), "DREQ from the passive side");
+    let (a1, _) = &mut actives[0];
+    a1.handle_mad(0, b_ip, &dreq.mad);
+    assert_eq!(a1.poll_transmit().unwrap().mad, raw(9), "DREP to it");
+}

@@ -22,7 +22,7 @@
 //! and messages for no connection are counted and dropped.
 
 use std::collections::{HashMap, VecDeque};
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use crate::wire::cm::*;
 
@@ -177,6 +177,89 @@ pub struct ConnectParams {
     pub path_mtu: u8,
     pub primary: CmPath,
     pub private_data: [u8; REQ_PRIVATE_LEN],
+}
+
+/// The GID of an IP address (IPv4-mapped for IPv4), as RoCEv2 uses it.
+pub fn ip_gid(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+        IpAddr::V6(a) => a.octets(),
+    }
+}
+
+/// rdma_cm's local ACK time-out for RoCE: its packet life time
+/// (CMA_IBOE_PACKET_LIFETIME, 16) plus one, as rxe's REQs carry it.
+pub const CMA_ACK_TIMEOUT: u8 = 17;
+
+/// What a connecting rdma_cm user chose (`rdma_connect`'s parameters and
+/// the QP's).
+#[derive(Debug, Clone, Copy)]
+pub struct RdmaCmConnect<'a> {
+    pub src: SocketAddr,
+    pub dst: SocketAddr,
+    pub port_space: u16,
+    pub qpn: u32,
+    pub starting_psn: u32,
+    pub responder_resources: u8,
+    pub initiator_depth: u8,
+    pub retry_count: u8,
+    pub rnr_retry_count: u8,
+    pub srq: bool,
+    /// IBA MTU code of the path.
+    pub path_mtu: u8,
+    pub traffic_class: u8,
+    /// None: rdma_cm's default ([`CMA_ACK_TIMEOUT`]).
+    pub ack_timeout: Option<u8>,
+    /// The user's private data (at most 56 bytes after rdma_cm's header).
+    pub private_data: &'a [u8],
+}
+
+impl ConnectParams {
+    /// The REQ rdma_cm sends over RoCE for `c`: permissive LIDs, the
+    /// addresses' GIDs, the flow label of the two ports, hop limit 64, and
+    /// rdma_cm's header before the user's private data. None if the
+    /// private data does not fit.
+    pub fn rdma_cm(c: &RdmaCmConnect) -> Option<ConnectParams> {
+        let room = REQ_PRIVATE_LEN - CmaHeader::LEN;
+        if c.private_data.len() > room {
+            return None;
+        }
+        let mut private_data = [0u8; REQ_PRIVATE_LEN];
+        CmaHeader {
+            src_port: c.src.port(),
+            src: c.src.ip(),
+            dst: c.dst.ip(),
+        }
+        .emit(&mut private_data);
+        private_data[CmaHeader::LEN..CmaHeader::LEN + c.private_data.len()]
+            .copy_from_slice(c.private_data);
+        Some(ConnectParams {
+            peer: c.dst.ip(),
+            service_id: service_id(c.port_space, c.dst.port()),
+            qpn: c.qpn,
+            starting_psn: c.starting_psn,
+            responder_resources: c.responder_resources,
+            initiator_depth: c.initiator_depth,
+            retry_count: c.retry_count.min(7),
+            rnr_retry_count: c.rnr_retry_count.min(7),
+            srq: c.srq,
+            path_mtu: c.path_mtu,
+            primary: CmPath {
+                local_lid: 0xffff,
+                remote_lid: 0xffff,
+                local_gid: ip_gid(c.src.ip()),
+                remote_gid: ip_gid(c.dst.ip()),
+                flow_label: cma_flow_label(c.src.port(), c.dst.port()),
+                packet_rate: 0,
+                traffic_class: c.traffic_class,
+                hop_limit: 64,
+                sl: 0,
+                subnet_local: false,
+                local_ack_timeout: c.ack_timeout.unwrap_or(CMA_ACK_TIMEOUT),
+            },
+            private_data,
+        })
+    }
 }
 
 /// The passive side's answer (what rdma_accept puts in the REP).

@@ -891,10 +891,6 @@ fn trace() -> bool {
     *T.get_or_init(|| std::env::var_os("RDMA_XDP_CM_TRACE").is_some_and(|v| v != "0"))
 }
 
-/// rdma_cm's local ACK time-out for RoCE: the path's packet life time
-/// (CMA_IBOE_PACKET_LIFETIME, 16) plus one, as rxe's REQs carry it.
-const CMA_ACK_TIMEOUT: u8 = 17;
-
 enum Request {
     Conn(Req),
     Sidr(SidrReq),
@@ -1684,9 +1680,6 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn
                 p.private_data_len,
                 REQ_PRIVATE_LEN - CmaHeader::LEN,
             )?;
-            let mut pd = [0u8; REQ_PRIVATE_LEN];
-            hdr.emit(&mut pd);
-            pd[CmaHeader::LEN..CmaHeader::LEN + user.len()].copy_from_slice(&user);
             let qpn = if qp.is_null() {
                 p.qp_num
             } else {
@@ -1700,9 +1693,10 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn
             st.initiator_depth = p.initiator_depth.min(MAX_RD_ATOMIC);
             st.retry_count = p.retry_count.min(7);
             st.rnr_retry_count = p.rnr_retry_count.min(7);
-            let params = ConnectParams {
-                peer: dst.ip(),
-                service_id: service_id(ps as u16, dst.port()),
+            let params = ConnectParams::rdma_cm(&RdmaCmConnect {
+                src,
+                dst,
+                port_space: ps as u16,
                 qpn,
                 starting_psn: st.my_psn,
                 responder_resources: st.responder_resources,
@@ -1711,21 +1705,11 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn
                 rnr_retry_count: st.rnr_retry_count,
                 srq: p.srq != 0,
                 path_mtu: mtu_code(mtu) as u8,
-                primary: CmPath {
-                    local_lid: 0xffff,
-                    remote_lid: 0xffff,
-                    local_gid: gid_of(src.ip()),
-                    remote_gid: gid_of(dst.ip()),
-                    flow_label: cma_flow_label(src.port(), dst.port()),
-                    packet_rate: 0,
-                    traffic_class: st.tos,
-                    hop_limit: 64,
-                    sl: 0,
-                    subnet_local: false,
-                    local_ack_timeout: st.ack_timeout.unwrap_or(CMA_ACK_TIMEOUT),
-                },
-                private_data: pd,
-            };
+                traffic_class: st.tos,
+                ack_timeout: st.ack_timeout,
+                private_data: &user,
+            })
+            .ok_or(libc::EINVAL)?;
             let comm = cm.devs[dev].agent.connect(now, &params);
             cm.by_conn.insert((dev, comm), id as usize);
             cm.ids.get_mut(&(id as usize)).unwrap().conn = Some((dev, comm));
