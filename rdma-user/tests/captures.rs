@@ -265,8 +265,12 @@ fn our_cm_sends_rxes_mads_byte_for_byte() {
     let mut actives = Vec::new();
     let mut passives = Vec::new();
     for (req_i, rep_i, rtu_i) in [(0, 1, 2), (3, 4, 5)] {
-        let CmMessage::Req(req) = mads[req_i].1.message else { panic!() };
-        let CmMessage::Rep(rep) = mads[rep_i].1.message else { panic!() };
+        let CmMessage::Req(req) = mads[req_i].1.message else {
+            panic!()
+        };
+        let CmMessage::Rep(rep) = mads[rep_i].1.message else {
+            panic!()
+        };
         let cma = CmaHeader::parse(&req.private_data).unwrap();
         let mut a = agent(req.local_ca_guid, req.local_comm_id);
         let params = ConnectParams::rdma_cm(&RdmaCmConnect {
@@ -294,7 +298,9 @@ fn our_cm_sends_rxes_mads_byte_for_byte() {
         let mut b = agent(rep.local_ca_guid, rep.local_comm_id);
         b.listen(req.service_id).unwrap();
         b.handle_mad(0, a_ip, &sent.mad);
-        let Some(CmEvent::ConnectRequest { id: bid, .. }) = b.poll_event() else { panic!() };
+        let Some(CmEvent::ConnectRequest { id: bid, .. }) = b.poll_event() else {
+            panic!()
+        };
         b.accept(
             0,
             bid,
@@ -313,7 +319,10 @@ fn our_cm_sends_rxes_mads_byte_for_byte() {
         assert_eq!(sent.mad, raw(rep_i), "REP {rep_i}");
 
         a.handle_mad(0, b_ip, &sent.mad);
-        assert!(matches!(a.poll_event(), Some(CmEvent::ConnectResponse { .. })));
+        assert!(matches!(
+            a.poll_event(),
+            Some(CmEvent::ConnectResponse { .. })
+        ));
         a.establish(id, [0; RTU_PRIVATE_LEN]).unwrap();
         let sent = a.poll_transmit().unwrap();
         assert_eq!(sent.mad, raw(rtu_i), "RTU {rtu_i}");

@@ -7,19 +7,8 @@ mod lab;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 
-/// Builds libibverbs.so.1 once (beside rdma-xdp, where `exec` looks).
-fn library() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let ws = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .parent()
-            .unwrap()
-            .to_path_buf();
-        ibverbs_so::build(&ws, false).expect("build libibverbs.so.1")
-    })
-}
+use lab::library;
 
 fn which(prog: &str) -> PathBuf {
     let out = Command::new("sh")

@@ -20,6 +20,19 @@ pub fn serial() -> MutexGuard<'static, ()> {
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_rdma-xdp");
 
+/// Builds the drop-in libibverbs.so.1 (and its librdmacm.so.1 link) once,
+/// beside rdma-xdp, where `rdma-xdp exec` looks.
+pub fn library() -> &'static std::path::Path {
+    static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let ws = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .unwrap()
+            .to_path_buf();
+        ibverbs_so::build(&ws, false).expect("build libibverbs.so.1")
+    })
+}
+
 pub struct Lab {
     pub ns: [String; 2],
     pub dev: [String; 2],

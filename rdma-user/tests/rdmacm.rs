@@ -1,0 +1,243 @@
+//! The drop-in librdmacm against unmodified Debian binaries (rdmacm-utils
+//! 44, perftest 4.5), host to host between two namespaces: connections
+//! set up with CM MADs on QP1, data checked by the tools themselves.
+
+mod lab;
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use lab::library;
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Runs `server` on host 1, then `client` on host 0, both through
+/// `rdma-xdp exec`. With `server_exits`, the server must end by itself
+/// (successfully); otherwise (cmtime's server serves for ever) it is
+/// stopped once the client is done. Returns both outputs.
+fn pair(lab: &lab::Lab, server: &[&str], client: &[&str], server_exits: bool) -> (String, String) {
+    // The server writes into a file: rping -v prints every ping, more than
+    // a pipe holds while nobody reads it.
+    let log = std::env::temp_dir().join(format!("rdmacm-server-{}.log", std::process::id()));
+    let f = std::fs::File::create(&log).unwrap();
+    let srv = Command::new("ip")
+        .args(["netns", "exec", &lab.ns[1], lab::BIN, "exec", "--"])
+        .args(server)
+        .stdout(Stdio::from(f.try_clone().unwrap()))
+        .stderr(Stdio::from(f))
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut cargs = vec!["60", lab::BIN, "exec", "--"];
+    cargs.extend_from_slice(client);
+    let cli = lab.exec(0, "timeout", &cargs);
+    let srv = if server_exits {
+        lab::wait_timeout(srv, Duration::from_secs(60))
+    } else {
+        lab::terminate(srv)
+    };
+    let s = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
+    let c = text(&cli);
+    assert!(
+        cli.status.success() && (!server_exits || srv.status.success()),
+        "{client:?}: client {} / server {}\nclient: {c}\nserver: {s}",
+        cli.status,
+        srv.status,
+    );
+    (c, s)
+}
+
+/// rping with verification (-V): both sides count `n` pings, and each
+/// side's ping data is the other's.
+fn rping(lab: &lab::Lab, addr: &str, n: usize, size: &str) {
+    let count = n.to_string();
+    let (c, s) = pair(
+        lab,
+        &[
+            "rping", "-s", "-a", addr, "-C", &count, "-v", "-V", "-S", size,
+        ],
+        &[
+            "rping", "-c", "-a", addr, "-C", &count, "-v", "-V", "-S", size,
+        ],
+        true,
+    );
+    // Each ping's number, in order (a long line may be cut by another
+    // thread's output; rping -V compares the data itself).
+    let pings = |out: &str, prefix: &str| -> Vec<usize> {
+        out.lines()
+            .filter_map(|l| {
+                let rest = &l[l.find(prefix)? + prefix.len()..];
+                rest.strip_prefix("rdma-ping-")?
+                    .split(':')
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .collect()
+    };
+    let want: Vec<usize> = (0..n).collect();
+    assert_eq!(pings(&c, "ping data: "), want, "client:\n{c}");
+    assert_eq!(pings(&s, "server ping data: "), want, "server:\n{s}");
+    assert!(
+        !c.contains("mismatch") && !s.contains("mismatch"),
+        "{c}\n{s}"
+    );
+}
+
+#[test]
+fn unmodified_rdmacm_tools_connect_over_the_library() {
+    library();
+    let _g = lab::serial();
+    let lab = lab::Lab::new(1500);
+    let b = lab.addr[1].clone();
+
+    rping(&lab, &b, 200, "4096");
+
+    // Ten connections at once, ten SENDs each way on every one.
+    let (c, s) = pair(
+        &lab,
+        &["ucmatose", "-c", "10"],
+        &["ucmatose", "-s", &b, "-c", "10"],
+        true,
+    );
+    for out in [&c, &s] {
+        assert!(
+            out.contains("data transfers complete") && out.contains("return status 0"),
+            "{out}"
+        );
+    }
+
+    // UD: the service resolved with SIDR_REQ/SIDR_REP, then datagrams.
+    let (c, s) = pair(&lab, &["udaddy"], &["udaddy", "-s", &b], true);
+    for out in [&c, &s] {
+        assert!(
+            out.contains("data transfers complete") && out.contains("return status 0"),
+            "{out}"
+        );
+    }
+
+    // Synchronous ids: rdma_create_ep, rdma_get_request, rdma_reg_msgs.
+    let (c, s) = pair(&lab, &["rdma_server"], &["rdma_client", "-s", &b], true);
+    assert!(c.contains("rdma_client: end 0"), "{c}");
+    assert!(s.contains("rdma_server: end 0"), "{s}");
+
+    // 100 connections through every step; the server serves until stopped.
+    let (c, _) = pair(
+        &lab,
+        &["cmtime", "-c", "100"],
+        &["cmtime", "-s", &b, "-c", "100"],
+        false,
+    );
+    for step in [
+        "create id",
+        "resolve addr",
+        "resolve route",
+        "create qp",
+        "connect",
+        "disconnect",
+        "destroy",
+    ] {
+        assert!(
+            c.lines().any(|l| l.starts_with(step) && l.contains(':')),
+            "{step}:\n{c}"
+        );
+    }
+}
+
+#[test]
+fn unmodified_rdmacm_tools_connect_over_ipv6() {
+    library();
+    let _g = lab::serial();
+    let lab = lab::Lab::new(1500);
+    let n = lab.addr[0].split('.').nth(2).unwrap().to_string();
+    let v6 = [format!("fd66:{n}::1"), format!("fd66:{n}::2")];
+    for i in 0..2 {
+        let a = format!("{}/64", v6[i]);
+        let o = lab.exec(i, "ip", &["addr", "add", &a, "dev", &lab.dev[i], "nodad"]);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    rping(&lab, &v6[1], 50, "1024");
+    let (c, s) = pair(
+        &lab,
+        &["ucmatose", "-c", "4"],
+        &["ucmatose", "-s", &v6[1], "-c", "4"],
+        true,
+    );
+    for out in [&c, &s] {
+        assert!(out.contains("return status 0"), "{out}");
+    }
+}
+
+#[test]
+fn perftest_connects_with_rdma_cm_over_the_library() {
+    library();
+    let _g = lab::serial();
+    let lab = lab::Lab::new(1500);
+    let b = lab.addr[1].clone();
+    for (tool, size, iters) in [
+        ("ib_write_lat", "64", "1000"),
+        ("ib_read_bw", "65536", "500"),
+        ("ib_send_bw", "4096", "1000"),
+    ] {
+        let (c, s) = pair(
+            &lab,
+            &[tool, "-R", "-s", size, "-n", iters],
+            &[tool, "-R", "-s", size, "-n", iters, &b],
+            true,
+        );
+        // perftest's result line: the size, then the iterations.
+        for out in [&c, &s] {
+            assert!(
+                out.lines().any(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    f.len() > 3 && f[0] == size && f[1] == iters
+                }),
+                "{tool}: no result line\n{out}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_req_to_a_port_nobody_listens_on_is_rejected() {
+    library();
+    let _g = lab::serial();
+    let lab = lab::Lab::new(1500);
+    let b = lab.addr[1].clone();
+    // A server on rping's port; the client asks for another one.
+    let srv = lab.spawn(1, &["exec", "--", "rping", "-s", "-a", &b, "-C", "1"]);
+    std::thread::sleep(Duration::from_millis(1500));
+    let t = Instant::now();
+    let cli = lab.exec(
+        0,
+        "timeout",
+        &[
+            "30",
+            lab::BIN,
+            "exec",
+            "--",
+            "rping",
+            "-c",
+            "-a",
+            &b,
+            "-p",
+            "7999",
+            "-C",
+            "1",
+        ],
+    );
+    let took = t.elapsed();
+    lab::terminate(srv);
+    let c = text(&cli);
+    assert!(!cli.status.success(), "{c}");
+    // rdma_cm's answer: REJ with reason 8 (invalid service id), at once.
+    assert!(c.contains("RDMA_CM_EVENT_REJECTED, error 8"), "{c}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+}
