@@ -215,6 +215,7 @@ pub(crate) fn interop(o: &Options) -> Result<()> {
     // The same tools on our side too, unmodified, over the drop-in
     // libibverbs (`rdma-xdp exec`).
     cases.extend(library_cases(quick));
+    cases.extend(cm_cases(quick));
     let mut results = Vec::new();
     let mut watch = CounterWatch::new(&lab, &[VmId::A]);
     for c in cases
@@ -801,6 +802,127 @@ pub(crate) fn library_cases(quick: bool) -> Vec<Case> {
                 }
                 v.push(c);
             }
+        }
+    }
+    v
+}
+
+/// RDMA CM against rxe's kernel CM, both roles: rdmacm-utils and perftest
+/// `-R` on both sides, Debian's binaries on ours over the drop-in
+/// librdmacm. Every name starts with "cm: " (`cargo xtask interop --only
+/// cm`).
+pub(crate) fn cm_cases(quick: bool) -> Vec<Case> {
+    // (name, server command, client command; {srv} is the server's address,
+    // ok text, perftest result (bytes, iterations)).
+    type Tool = (
+        &'static str,
+        &'static str,
+        &'static str,
+        &'static str,
+        Option<(usize, u32)>,
+    );
+    let tools: Vec<Tool> = if quick {
+        vec![(
+            "rping -C 100 -V -S 4096",
+            "rping -s -a {srv} -C 100 -V -S 4096",
+            "rping -c -a {srv} -C 100 -V -S 4096",
+            "",
+            None,
+        )]
+    } else {
+        vec![
+            (
+                "rping -C 200 -V -S 4096",
+                "rping -s -a {srv} -C 200 -V -S 4096",
+                "rping -c -a {srv} -C 200 -V -S 4096",
+                "",
+                None,
+            ),
+            (
+                "ucmatose -c 10",
+                "ucmatose -c 10",
+                "ucmatose -s {srv} -c 10",
+                "return status 0",
+                None,
+            ),
+            (
+                "udaddy",
+                "udaddy",
+                "udaddy -s {srv}",
+                "return status 0",
+                None,
+            ),
+            (
+                "rdma_server/rdma_client",
+                "rdma_server",
+                "rdma_client -s {srv}",
+                "end 0",
+                None,
+            ),
+            (
+                "ib_write_lat -R -s 64 -n 200",
+                "ib_write_lat -R -s 64 -n 200",
+                "ib_write_lat -R -s 64 -n 200 {srv}",
+                "",
+                Some((64, 200)),
+            ),
+            (
+                "ib_read_bw -R -s 65536 -n 100",
+                "ib_read_bw -R -s 65536 -n 100",
+                "ib_read_bw -R -s 65536 -n 100 {srv}",
+                "",
+                Some((65536, 100)),
+            ),
+            (
+                "ib_send_bw -R -s 4096 -n 200",
+                "ib_send_bw -R -s 4096 -n 200",
+                "ib_send_bw -R -s 4096 -n 200 {srv}",
+                "",
+                Some((4096, 200)),
+            ),
+            (
+                "IPv6: rping -C 50 -V -S 1024",
+                "rping -s -a {srv6} -C 50 -V -S 1024",
+                "rping -c -a {srv6} -C 50 -V -S 1024",
+                "",
+                None,
+            ),
+            (
+                "IPv6: ucmatose -c 4",
+                "ucmatose -b {srv6} -c 4",
+                "ucmatose -s {srv6} -c 4",
+                "return status 0",
+                None,
+            ),
+        ]
+    };
+    let mut v = Vec::new();
+    for (name, server, client, ok, result) in tools {
+        for rxe_server in [true, false] {
+            let (srv, srv6) = if rxe_server {
+                ("10.99.0.2", "fd99::2")
+            } else {
+                ("10.99.0.1", "fd99::1")
+            };
+            let fill = |c: &str| c.replace("{srv6}", srv6).replace("{srv}", srv);
+            let (rxe, ours) = if rxe_server {
+                (fill(server), fill(client))
+            } else {
+                (fill(client), fill(server))
+            };
+            v.push(Case {
+                name: format!(
+                    "cm: {name}, rxe {}",
+                    if rxe_server { "server" } else { "client" }
+                ),
+                rxe,
+                ours: library_ours(&ours, None),
+                rxe_server,
+                ours_ok: ok.into(),
+                rxe_ok: ok.into(),
+                result,
+                ours_print_result: result.is_some(),
+            });
         }
     }
     v

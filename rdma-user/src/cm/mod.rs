@@ -168,6 +168,8 @@ pub struct ConnectParams {
     pub peer: IpAddr,
     pub service_id: u64,
     pub qpn: u32,
+    /// The PSN our QP expects to receive first (its RQ PSN): the peer
+    /// sends from it.
     pub starting_psn: u32,
     pub responder_resources: u8,
     pub initiator_depth: u8,
@@ -199,6 +201,8 @@ pub struct RdmaCmConnect<'a> {
     pub dst: SocketAddr,
     pub port_space: u16,
     pub qpn: u32,
+    /// The PSN our QP expects to receive first (its RQ PSN): the peer
+    /// sends from it.
     pub starting_psn: u32,
     pub responder_resources: u8,
     pub initiator_depth: u8,
@@ -266,6 +270,7 @@ impl ConnectParams {
 #[derive(Debug, Clone, Copy)]
 pub struct AcceptParams {
     pub qpn: u32,
+    /// The PSN our QP expects to receive first (its RQ PSN).
     pub starting_psn: u32,
     pub responder_resources: u8,
     pub initiator_depth: u8,

@@ -334,6 +334,8 @@ struct IdState {
     rnr_retry_count: u8,
     tos: u8,
     reuse: bool,
+    /// An IPv6 wildcard listener takes IPv6 only.
+    afonly: bool,
     ack_timeout: Option<u8>,
     path_rec: Box<ibv_sa_path_rec>,
     /// rdma_create_ep on a passive id: the QP each request gets.
@@ -661,10 +663,15 @@ impl Cm {
         let Some(lsrc) = lst.src else {
             return reject(self);
         };
-        if hdr.src != peer
-            || (!lsrc.ip().is_unspecified() && lsrc.ip() != hdr.dst)
-            || lsrc.ip().is_ipv4() != hdr.dst.is_ipv4() && !lsrc.ip().is_unspecified()
-        {
+        // rdma_cm's match: an IPv4 listener takes IPv4 only; an IPv6
+        // wildcard takes both families unless AFONLY; a bound address must
+        // be the one asked for.
+        let family_ok = match lsrc.ip() {
+            IpAddr::V4(_) => hdr.dst.is_ipv4(),
+            IpAddr::V6(a) if a.is_unspecified() => !(lst.afonly && hdr.dst.is_ipv4()),
+            IpAddr::V6(_) => hdr.dst.is_ipv6(),
+        };
+        if hdr.src != peer || !family_ok || (!lsrc.ip().is_unspecified() && lsrc.ip() != hdr.dst) {
             return reject(self);
         }
         let (sync, ep_init) = (lst.sync, lst.ep_init);
@@ -805,16 +812,19 @@ impl Cm {
                 mask |= IBV_QP_SQ_PSN;
             }
             IBV_QPS_RTR => {
-                let (dest, psn, peer_mtu) = match (&st.req, &st.rep) {
-                    (Some(req), _) => (req.local_qpn, req.starting_psn, req.path_mtu),
-                    (None, Some(rep)) => (rep.local_qpn, rep.starting_psn, 0xff),
+                let (dest, peer_mtu) = match (&st.req, &st.rep) {
+                    (Some(req), _) => (req.local_qpn, req.path_mtu),
+                    (None, Some(rep)) => (rep.local_qpn, 0xff),
                     _ => return Err(libc::EINVAL),
                 };
                 a.ah_attr = self.ah_attr(id)?;
                 let ours = our_context(verbs).map_or(1024, |c| c.port_mtu());
                 a.path_mtu = mtu_code(ours).min(peer_mtu as u32);
                 a.dest_qp_num = dest;
-                a.rq_psn = psn;
+                // A REQ's or REP's starting PSN is what its sender expects
+                // to receive first (IBA 12.7.23, and rxe's capture: each
+                // side sends from the PSN the other announced).
+                a.rq_psn = st.my_psn;
                 a.max_dest_rd_atomic = st.responder_resources;
                 a.min_rnr_timer = 0;
                 a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE
@@ -832,7 +842,11 @@ impl Cm {
                     | IBV_QP_ACCESS_FLAGS;
             }
             IBV_QPS_RTS => {
-                a.sq_psn = st.my_psn;
+                a.sq_psn = match (&st.req, &st.rep) {
+                    (Some(req), _) => req.starting_psn,
+                    (None, Some(rep)) => rep.starting_psn,
+                    _ => return Err(libc::EINVAL),
+                };
                 a.timeout = st
                     .ack_timeout
                     .or(st.req.map(|r| r.primary.local_ack_timeout))
@@ -894,6 +908,24 @@ fn trace() -> bool {
 enum Request {
     Conn(Req),
     Sidr(SidrReq),
+}
+
+/// The caller's connection parameters, or librdmacm's for NULL: the
+/// resources the device allows (0xff, resolved by the caller against the
+/// peer's offer), 7 retries and 7 RNR retries.
+fn conn_param_or_default(param: *const rdma_conn_param) -> rdma_conn_param {
+    if param.is_null() {
+        rdma_conn_param {
+            responder_resources: 0xff,
+            initiator_depth: 0xff,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            ..zero_conn()
+        }
+    } else {
+        // SAFETY: the caller's parameters.
+        unsafe { *param }
+    }
 }
 
 fn zero_conn() -> rdma_conn_param {
@@ -989,6 +1021,7 @@ fn id_state(sync: bool) -> IdState {
         rnr_retry_count: 7,
         tos: 0,
         reuse: false,
+        afonly: false,
         ack_timeout: None,
         path_rec: Box::new(zeroed_path_rec()),
         ep_init: None,
@@ -1638,11 +1671,7 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn
             return err(libc::EINVAL);
         }
         // SAFETY: the caller's parameters.
-        let p = if param.is_null() {
-            zero_conn()
-        } else {
-            unsafe { *param }
-        };
+        let p = conn_param_or_default(param);
         // SAFETY: a live id of ours.
         let (ps, qp) = unsafe { ((*id).ps, (*id).qp) };
         let r = with_cm(|cm| -> Result<bool, c_int> {
@@ -1689,6 +1718,7 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn
             let mtu = our_context(cm.devs[dev].ctx).map_or(1024, |c| c.port_mtu());
             let st = cm.ids.get_mut(&(id as usize)).unwrap();
             st.my_psn = (entropy() & 0xff_ffff) as u32;
+            // RDMA_MAX_RESP_RES / RDMA_MAX_INIT_DEPTH (0xff): the device's.
             st.responder_resources = p.responder_resources.min(MAX_RD_ATOMIC);
             st.initiator_depth = p.initiator_depth.min(MAX_RD_ATOMIC);
             st.retry_count = p.retry_count.min(7);
@@ -1812,11 +1842,7 @@ pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_
             return err(libc::EINVAL);
         }
         // SAFETY: the caller's parameters.
-        let p = if param.is_null() {
-            zero_conn()
-        } else {
-            unsafe { *param }
-        };
+        let p = conn_param_or_default(param);
         // SAFETY: a live id of ours.
         let (ps, qp) = unsafe { ((*id).ps, (*id).qp) };
         let r = with_cm(|cm| -> Result<bool, c_int> {
@@ -1851,16 +1877,19 @@ pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_
             let user = private(p.private_data, p.private_data_len, REP_PRIVATE_LEN)?;
             let st = cm.ids.get_mut(&(id as usize)).unwrap();
             st.my_psn = (entropy() & 0xff_ffff) as u32;
-            // What the peer may have outstanding against us, and we
-            // against it: no more than it offered.
-            st.responder_resources = p
-                .responder_resources
-                .min(req.initiator_depth)
-                .min(MAX_RD_ATOMIC);
-            st.initiator_depth = p
-                .initiator_depth
-                .min(req.responder_resources)
-                .min(MAX_RD_ATOMIC);
+            // As librdmacm: without parameters, or with RDMA_MAX_RESP_RES /
+            // RDMA_MAX_INIT_DEPTH (0xff), what the request offered (within
+            // the device's limit); else the program's values.
+            st.responder_resources = match p.responder_resources {
+                0xff => req.initiator_depth,
+                r => r,
+            }
+            .min(MAX_RD_ATOMIC);
+            st.initiator_depth = match p.initiator_depth {
+                0xff => req.responder_resources,
+                d => d,
+            }
+            .min(MAX_RD_ATOMIC);
             let (psn, rr, id_) = (st.my_psn, st.responder_resources, st.initiator_depth);
             if !qp.is_null() {
                 cm.modify(id, IBV_QPS_RTR)?;
@@ -2056,7 +2085,7 @@ pub unsafe extern "C" fn rdma_set_option(
                 match (optname, optlen) {
                     (RDMA_OPTION_ID_TOS, 1..) => st.tos = *(optval as *const u8),
                     (RDMA_OPTION_ID_REUSEADDR, 4..) => st.reuse = *(optval as *const c_int) != 0,
-                    (RDMA_OPTION_ID_AFONLY, 4..) => {}
+                    (RDMA_OPTION_ID_AFONLY, 4..) => st.afonly = *(optval as *const c_int) != 0,
                     (RDMA_OPTION_ID_ACK_TIMEOUT, 1..) => {
                         st.ack_timeout = Some(*(optval as *const u8) & 0x1f)
                     }
