@@ -581,3 +581,158 @@ fn fuzz_parser_and_engine_with_traffic_in_flight() {
     assert!(completed > 1000 && bad_icrc > 0 && frames > 10_000);
     assert!(sr_hostile > 1000, "{sr_hostile} selective-repeat frames");
 }
+
+/// CM MADs on QP1 that are malformed or unexpected for a host with one
+/// established connection: the data path's QP1 checks or the CM count and
+/// drop each (a DREQ-like answer is the spec's; none here asks for one),
+/// and the connection stays established, with no event raised.
+#[test]
+fn cm_classes_are_counted_and_leave_the_live_connection_alone() {
+    use rdma_user::cm::*;
+    use rdma_user::device::datapath::Core;
+    use rdma_user::device::gsi::Gsi;
+    use rdma_user::tools::hostile::{CmClass, CmGenerator, CmTarget, CM_CLASSES};
+    use rdma_user::wire::cm::*;
+    use std::sync::Arc;
+
+    let agent = |guid, first| {
+        CmAgent::new(CmConfig {
+            ca_guid: guid,
+            response_timeout: 14,
+            max_retries: 3,
+            tid_high: 2,
+            first_comm_id: first,
+        })
+    };
+    // A connection between the peer (A) and the victim (B), in memory.
+    let (mut a, mut b) = (agent(0xa, 100), agent(0xb, 200));
+    let svc = service_id(port_space::TCP, 7471);
+    b.listen(svc).unwrap();
+    let params = ConnectParams::rdma_cm(&RdmaCmConnect {
+        src: std::net::SocketAddr::new(IP_A, 40000),
+        dst: std::net::SocketAddr::new(IP_B, 7471),
+        port_space: port_space::TCP,
+        qpn: 0x11,
+        starting_psn: 1,
+        responder_resources: 1,
+        initiator_depth: 1,
+        retry_count: 7,
+        rnr_retry_count: 7,
+        srq: false,
+        path_mtu: 3,
+        traffic_class: 0,
+        ack_timeout: None,
+        private_data: &[],
+    })
+    .unwrap();
+    let aid = a.connect(0, &params);
+    let req = a.poll_transmit().unwrap().mad;
+    b.handle_mad(0, IP_A, &req);
+    let Some(CmEvent::ConnectRequest { id: bid, .. }) = b.poll_event() else {
+        panic!()
+    };
+    let accept = AcceptParams {
+        qpn: 0x12,
+        starting_psn: 2,
+        responder_resources: 1,
+        initiator_depth: 1,
+        rnr_retry_count: 7,
+        srq: false,
+        private_data: [0; REP_PRIVATE_LEN],
+    };
+    b.accept(0, bid, &accept).unwrap();
+    a.handle_mad(0, IP_B, &b.poll_transmit().unwrap().mad);
+    assert!(matches!(
+        a.poll_event(),
+        Some(CmEvent::ConnectResponse { .. })
+    ));
+    a.establish(aid, [0; RTU_PRIVATE_LEN]).unwrap();
+    b.handle_mad(0, IP_A, &a.poll_transmit().unwrap().mad);
+    assert_eq!(b.poll_event(), Some(CmEvent::Established { id: bid }));
+
+    // The victim's data path with QP1 handed to its CM.
+    let mut core = Core::new(Default::default(), 7);
+    let gsi = Arc::new(Gsi::new().unwrap());
+    core.gsi = Some(gsi.clone());
+    let net = Path {
+        local_mac: MAC_A,
+        peer_mac: MAC_B,
+        local_ip: IP_A,
+        peer_ip: IP_B,
+        vlan: None,
+    }
+    .template(1, 1)
+    .unwrap();
+    let mut g = CmGenerator::new(
+        CmTarget {
+            net,
+            req,
+            local_comm_id: bid,
+            peer_comm_id: aid,
+        },
+        0xc0ffee,
+    );
+    let mut buf = vec![0u8; 2048];
+    let mut per_class = std::collections::HashMap::new();
+    for class in CM_CLASSES {
+        for _ in 0..8 {
+            let n = g.frame(class, &mut buf);
+            let before = (
+                gsi.stats
+                    .rx_malformed
+                    .load(std::sync::atomic::Ordering::Relaxed),
+                b.stats,
+            );
+            core.handle_frame(0, &buf[..n]);
+            while let Some(m) = gsi.recv() {
+                assert_eq!(m.peer, IP_A);
+                b.handle_mad(0, m.peer, &m.mad);
+            }
+            let after = (
+                gsi.stats
+                    .rx_malformed
+                    .load(std::sync::atomic::Ordering::Relaxed),
+                b.stats,
+            );
+            // Exactly one counter moved, under the class's reason.
+            let reason = if after.0 > before.0 {
+                "gsi_malformed"
+            } else if after.1.rx_bad > before.1.rx_bad {
+                "cm_bad"
+            } else if after.1.rx_unexpected > before.1.rx_unexpected {
+                "cm_unexpected"
+            } else if after.1.rx_duplicates > before.1.rx_duplicates {
+                "cm_duplicate"
+            } else {
+                panic!("{class:?}: nothing counted it")
+            };
+            let prev = per_class.insert(class, reason);
+            assert!(
+                prev.is_none_or(|p| p == reason),
+                "{class:?}: {prev:?} then {reason}"
+            );
+        }
+    }
+    let want = [
+        (CmClass::Truncated, "gsi_malformed"),
+        (CmClass::WrongQkey, "gsi_malformed"),
+        (CmClass::RcOpcode, "gsi_malformed"),
+        (CmClass::WrongClass, "cm_bad"),
+        (CmClass::UnknownAttribute, "cm_bad"),
+        (CmClass::RepForNoReq, "cm_unexpected"),
+        (CmClass::DuplicateReq, "cm_duplicate"),
+        (CmClass::WrongPeerId, "cm_unexpected"),
+    ];
+    for (c, r) in want {
+        assert_eq!(per_class[&c], r, "{c:?}");
+    }
+    // Nothing was answered, no event raised, the connection lives on.
+    assert!(b.poll_transmit().is_none());
+    assert!(b.poll_event().is_none());
+    assert_eq!(b.state(bid), Some(CmState::Established));
+    assert_eq!(b.len(), 1);
+    // And it still closes normally.
+    a.disconnect(0, aid, [0; DREQ_PRIVATE_LEN]).unwrap();
+    b.handle_mad(0, IP_A, &a.poll_transmit().unwrap().mad);
+    assert_eq!(b.poll_event(), Some(CmEvent::Disconnected { id: bid }));
+}

@@ -22,19 +22,34 @@ fn text(o: &Output) -> String {
 /// (successfully); otherwise (cmtime's server serves for ever) it is
 /// stopped once the client is done. Returns both outputs.
 fn pair(lab: &lab::Lab, server: &[&str], client: &[&str], server_exits: bool) -> (String, String) {
+    pair_env(lab, &[], server, client, server_exits)
+}
+
+/// `pair` with environment variables (`NAME=VALUE`) for both programs.
+fn pair_env(
+    lab: &lab::Lab,
+    env: &[&str],
+    server: &[&str],
+    client: &[&str],
+    server_exits: bool,
+) -> (String, String) {
     // The server writes into a file: rping -v prints every ping, more than
     // a pipe holds while nobody reads it.
     let log = std::env::temp_dir().join(format!("rdmacm-server-{}.log", std::process::id()));
     let f = std::fs::File::create(&log).unwrap();
     let srv = Command::new("ip")
-        .args(["netns", "exec", &lab.ns[1], lab::BIN, "exec", "--"])
+        .args(["netns", "exec", &lab.ns[1], "env"])
+        .args(env)
+        .args([lab::BIN, "exec", "--"])
         .args(server)
         .stdout(Stdio::from(f.try_clone().unwrap()))
         .stderr(Stdio::from(f))
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(1500));
-    let mut cargs = vec!["60", lab::BIN, "exec", "--"];
+    let mut cargs = vec!["60", "env"];
+    cargs.extend_from_slice(env);
+    cargs.extend_from_slice(&[lab::BIN, "exec", "--"]);
     cargs.extend_from_slice(client);
     let cli = lab.exec(0, "timeout", &cargs);
     let srv = if server_exits {
@@ -166,13 +181,36 @@ fn unmodified_rdmacm_tools_connect_over_ipv6() {
     rping(&lab, &v6[1], 50, "1024");
     let (c, s) = pair(
         &lab,
-        &["ucmatose", "-c", "4"],
+        // Bound to the IPv6 address: an IPv4 wildcard takes no IPv6
+        // connection (rdma_cm's rule, checked below).
+        &["ucmatose", "-b", &v6[1], "-c", "4"],
         &["ucmatose", "-s", &v6[1], "-c", "4"],
         true,
     );
     for out in [&c, &s] {
         assert!(out.contains("return status 0"), "{out}");
     }
+    // ucmatose's server binds 0.0.0.0 by default: an IPv6 REQ is refused.
+    let srv = lab.spawn(1, &["exec", "--", "ucmatose", "-c", "1"]);
+    std::thread::sleep(Duration::from_millis(1500));
+    let cli = lab.exec(
+        0,
+        "timeout",
+        &[
+            "30",
+            lab::BIN,
+            "exec",
+            "--",
+            "ucmatose",
+            "-s",
+            &v6[1],
+            "-c",
+            "1",
+        ],
+    );
+    lab::terminate(srv);
+    let c = text(&cli);
+    assert!(c.contains("RDMA_CM_EVENT_REJECTED"), "{c}");
 }
 
 #[test]
@@ -240,4 +278,42 @@ fn a_req_to_a_port_nobody_listens_on_is_rejected() {
     // rdma_cm's answer: REJ with reason 8 (invalid service id), at once.
     assert!(c.contains("RDMA_CM_EVENT_REJECTED, error 8"), "{c}");
     assert!(took < Duration::from_secs(10), "{took:?}");
+}
+
+/// Connections through the impairment relay at 5 % loss each way: lost
+/// MADs are sent again after the response time-out (here 4.096 us * 2^12,
+/// 17 ms, instead of rdma_cm's 4.3 s), and every connection is made and
+/// closed.
+#[test]
+fn connections_through_five_percent_loss_complete_by_mad_retries() {
+    library();
+    let _g = lab::serial();
+    let mut lab = lab::Lab::with_relay(1500);
+    lab.start_relay(&["--loss", "0.05", "--seed", "7"]);
+    let b = lab.addr[1].clone();
+    let env = ["RDMA_XDP_CM_RESPONSE_TIMEOUT=12"];
+    let (c, _) = pair_env(
+        &lab,
+        &env,
+        &["cmtime", "-c", "100"],
+        &["cmtime", "-s", &b, "-c", "100"],
+        false,
+    );
+    assert!(c.lines().any(|l| l.starts_with("connect")), "{c}");
+    let (c, s) = pair_env(
+        &lab,
+        &env,
+        &["ucmatose", "-c", "10"],
+        &["ucmatose", "-s", &b, "-c", "10"],
+        true,
+    );
+    for out in [&c, &s] {
+        assert!(out.contains("return status 0"), "{out}");
+    }
+    let relay = lab.stop_relay();
+    let dropped = |dir: &str| relay[dir]["dropped"].as_u64().unwrap_or(0);
+    assert!(
+        dropped("a_to_b") > 0 && dropped("b_to_a") > 0,
+        "the relay dropped nothing: {relay}"
+    );
 }

@@ -698,7 +698,9 @@ impl CmAgent {
                     self.events.push_back(CmEvent::Established {
                         id: rtu.remote_comm_id,
                     });
-                } else if self.state(rtu.remote_comm_id) == Some(CmState::Established) {
+                } else if self.conns.get(&rtu.remote_comm_id).is_some_and(|c| {
+                    c.state == CmState::Established && c.remote_comm_id == rtu.local_comm_id
+                }) {
                     self.stats.rx_duplicates += 1;
                 } else {
                     self.stats.rx_unexpected += 1;

@@ -480,3 +480,155 @@ impl SrGenerator {
             .expect("buffer large enough")
     }
 }
+
+/// Hostile MADs for QP1, the CM's: each is malformed or unexpected for a
+/// host with one established connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CmClass {
+    /// A datagram to QP1 whose MAD is cut short.
+    Truncated,
+    /// A QP1 datagram with a Q_Key other than the GSI's.
+    WrongQkey,
+    /// An RC opcode aimed at QP1.
+    RcOpcode,
+    /// A MAD of another management class (SubnAdm).
+    WrongClass,
+    /// A CM MAD with an attribute the CM does not take (LAP, or unknown).
+    UnknownAttribute,
+    /// A REP for a REQ nobody sent.
+    RepForNoReq,
+    /// The live connection's REQ again.
+    DuplicateReq,
+    /// An RTU or REJ naming the live connection with the wrong peer id.
+    WrongPeerId,
+}
+
+pub const CM_CLASSES: [CmClass; 8] = [
+    CmClass::Truncated,
+    CmClass::WrongQkey,
+    CmClass::RcOpcode,
+    CmClass::WrongClass,
+    CmClass::UnknownAttribute,
+    CmClass::RepForNoReq,
+    CmClass::DuplicateReq,
+    CmClass::WrongPeerId,
+];
+
+/// A host with one established connection, as its peer sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct CmTarget {
+    /// Headers from the peer's QP1 to the victim's (UD, DETH filled in by
+    /// the generator).
+    pub net: RoceRepr,
+    /// The connection's REQ as the peer sent it.
+    pub req: [u8; crate::wire::cm::MAD_LEN],
+    /// The victim's comm id, and the peer's.
+    pub local_comm_id: u32,
+    pub peer_comm_id: u32,
+}
+
+pub struct CmGenerator {
+    t: CmTarget,
+    rng: Rng,
+}
+
+impl CmGenerator {
+    pub fn new(t: CmTarget, seed: u64) -> CmGenerator {
+        CmGenerator { t, rng: Rng(seed) }
+    }
+
+    /// A random class and its frame in `buf`.
+    pub fn next(&mut self, buf: &mut [u8]) -> (CmClass, usize) {
+        let c = CM_CLASSES[self.rng.below(CM_CLASSES.len() as u64) as usize];
+        (c, self.frame(c, buf))
+    }
+
+    /// One frame of class `c`; returns its length.
+    pub fn frame(&mut self, c: CmClass, buf: &mut [u8]) -> usize {
+        use crate::wire::cm::*;
+        let t = self.t;
+        let rnd = self.rng.next_u64();
+        let mut r = t.net;
+        r.transport = TransportRepr::default();
+        let b = &mut r.transport.bth;
+        b.opcode = opcode::UD_SEND_ONLY;
+        b.dest_qpn = 1;
+        b.pkey = 0xffff;
+        b.psn = rnd as u32 & MASK_24;
+        let mut deth = DethRepr {
+            qkey: GSI_QKEY,
+            src_qpn: 1,
+        };
+        let ids = |local, remote| Rtu {
+            local_comm_id: local,
+            remote_comm_id: remote,
+            private_data: [0; RTU_PRIVATE_LEN],
+        };
+        let mut mad = match c {
+            CmClass::RepForNoReq => CmMad::new(
+                rnd,
+                CmMessage::Rep(Rep {
+                    local_comm_id: (rnd >> 32) as u32,
+                    remote_comm_id: (rnd as u32) | 1,
+                    local_qkey: 0,
+                    local_qpn: 0x99,
+                    local_eecn: 0,
+                    starting_psn: 0,
+                    responder_resources: 0,
+                    initiator_depth: 0,
+                    target_ack_delay: 0,
+                    failover_accepted: 0,
+                    end_to_end_flow_control: false,
+                    rnr_retry_count: 7,
+                    srq: false,
+                    local_ca_guid: rnd,
+                    private_data: [0; REP_PRIVATE_LEN],
+                }),
+            )
+            .emit(),
+            CmClass::DuplicateReq => t.req,
+            CmClass::WrongPeerId if rnd & 1 == 0 => CmMad::new(
+                rnd,
+                CmMessage::Rtu(ids(t.peer_comm_id ^ 0x5a5a_0001, t.local_comm_id)),
+            )
+            .emit(),
+            CmClass::WrongPeerId => CmMad::new(
+                rnd,
+                CmMessage::Rej(Rej {
+                    local_comm_id: t.peer_comm_id ^ 0x5a5a_0001,
+                    remote_comm_id: t.local_comm_id,
+                    message_rejected: msg::OTHER,
+                    reject_info_length: 0,
+                    reason: rej::CONSUMER_REJECT,
+                    ari: [0; REJ_ARI_LEN],
+                    private_data: [0; REJ_PRIVATE_LEN],
+                }),
+            )
+            .emit(),
+            _ => CmMad::new(rnd, CmMessage::Rtu(ids(t.peer_comm_id, t.local_comm_id))).emit(),
+        };
+        let mut len = MAD_LEN;
+        match c {
+            CmClass::Truncated => len = 24 + (rnd >> 8) as usize % (MAD_LEN - 24),
+            CmClass::WrongQkey => deth.qkey = (rnd >> 32) as u32 & !GSI_QKEY | 1,
+            CmClass::RcOpcode => r.transport.bth.opcode = opcode::RC_SEND_ONLY,
+            CmClass::WrongClass => mad[1] = 0x03,
+            CmClass::UnknownAttribute => {
+                let attr = if rnd & 1 == 0 {
+                    attr::LAP
+                } else {
+                    0x20 + (rnd >> 8) as u16 % 0x100
+                };
+                mad[16..18].copy_from_slice(&attr.to_be_bytes());
+            }
+            _ => {}
+        }
+        // Truncated MADs are padded to a multiple of 4 as RoCE requires.
+        len = len.next_multiple_of(4).min(MAD_LEN);
+        if rdma_common::opcode_flags(r.transport.bth.opcode).has(OpFlags::DETH) {
+            r.transport.deth = Some(deth);
+        }
+        r.emit(&mad[..len], buf).expect("buffer large enough")
+    }
+}
