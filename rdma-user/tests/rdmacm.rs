@@ -173,8 +173,8 @@ fn unmodified_rdmacm_tools_connect_over_ipv6() {
     let lab = lab::Lab::new(1500);
     let n = lab.addr[0].split('.').nth(2).unwrap().to_string();
     let v6 = [format!("fd66:{n}::1"), format!("fd66:{n}::2")];
-    for i in 0..2 {
-        let a = format!("{}/64", v6[i]);
+    for (i, ip) in v6.iter().enumerate() {
+        let a = format!("{ip}/64");
         let o = lab.exec(i, "ip", &["addr", "add", &a, "dev", &lab.dev[i], "nodad"]);
         assert!(o.status.success(), "{}", text(&o));
     }

@@ -438,7 +438,7 @@ impl Cm {
         for d in &mut self.devs {
             d.gsi.clear();
             while let Some(m) = d.gsi.recv() {
-                d.routes.insert(m.peer, m.reply.clone());
+                d.routes.insert(m.peer, m.reply);
                 d.agent.handle_mad(now, m.peer, &m.mad);
             }
             d.agent.handle_timeout(now);
@@ -461,7 +461,7 @@ impl Cm {
                 match d.routes.get(&o.to) {
                     Some(net) => {
                         sent |= d.gsi.send(GsiOut {
-                            net: net.clone(),
+                            net: *net,
                             mad: o.mad,
                         })
                     }
@@ -1788,8 +1788,7 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_
                 None => {
                     let mut v = Vec::new();
                     for (nd, addrs) in devices_with_addrs() {
-                        let fam = addrs.iter().any(|a| a.is_ipv4() == src.is_ipv4() || true);
-                        if !addrs.is_empty() && fam {
+                        if !addrs.is_empty() {
                             v.push(cm.dev(&nd)?);
                         }
                     }
@@ -1903,6 +1902,7 @@ pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_
                 responder_resources: rr,
                 initiator_depth: id_,
                 rnr_retry_count: p.rnr_retry_count.min(7),
+                // SAFETY: a live id of ours.
                 srq: p.srq != 0 || !unsafe { (*id).srq }.is_null(),
                 private_data: pd,
             };
