@@ -97,23 +97,30 @@ pub unsafe extern "C" fn ibv_get_device_list(num: *mut c_int) -> *mut *mut ibv_d
                 return ptr::null_mut();
             }
         };
-        let mut list: Vec<*mut ibv_device> = links
+        let list: Vec<*mut ibv_device> = links
             .iter()
             .map(|l| device_for(l) as *mut ibv_device)
             .collect();
-        if !num.is_null() {
-            // SAFETY: the caller passes NULL or a valid int.
-            unsafe { *num = list.len() as c_int };
-        }
-        list.push(ptr::null_mut());
-        Box::into_raw(list.into_boxed_slice()) as *mut *mut ibv_device
+        null_terminated(list, num)
     })
 }
 
+/// A NULL-terminated array the program frees with `free_null_terminated`
+/// (device and context lists); its length, without the NULL, into `num`.
+pub(crate) fn null_terminated<T>(mut list: Vec<*mut T>, num: *mut c_int) -> *mut *mut T {
+    if !num.is_null() {
+        // SAFETY: the caller passes NULL or a valid int.
+        unsafe { *num = list.len() as c_int };
+    }
+    list.push(ptr::null_mut());
+    Box::into_raw(list.into_boxed_slice()) as *mut *mut T
+}
+
+/// Frees what `null_terminated` made.
+///
 /// # Safety
-/// `list` came from `ibv_get_device_list` and is freed once.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
+/// `list` is NULL or from `null_terminated`, freed once.
+pub(crate) unsafe fn free_null_terminated<T>(list: *mut *mut T) {
     if list.is_null() {
         return;
     }
@@ -124,6 +131,14 @@ pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
     }
     // SAFETY: it was a boxed slice of n+1 pointers.
     drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(list, n + 1)) });
+}
+
+/// # Safety
+/// `list` came from `ibv_get_device_list` and is freed once.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
+    // SAFETY: the caller's list from ibv_get_device_list.
+    unsafe { free_null_terminated(list) }
 }
 
 /// Our device behind a program's pointer, if it is one of ours.

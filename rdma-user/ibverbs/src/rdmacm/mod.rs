@@ -219,7 +219,7 @@ pub unsafe extern "C" fn rdma_get_cm_event(
     channel: *mut rdma_event_channel,
     event: *mut *mut rdma_cm_event,
 ) -> c_int {
-    guard(err(libc::EIO), || {
+    guard(-1, || {
         let Some(c) = self::channel(channel) else {
             return err(libc::EINVAL);
         };
@@ -248,7 +248,7 @@ pub unsafe extern "C" fn rdma_get_cm_event(
 /// `event` is an event from `rdma_get_cm_event`, acknowledged once.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int {
-    guard(err(libc::EIO), || {
+    guard(-1, || {
         if event.is_null() {
             return err(libc::EINVAL);
         }
@@ -1184,7 +1184,7 @@ pub unsafe extern "C" fn rdma_create_id(
     context: *mut c_void,
     ps: c_int,
 ) -> c_int {
-    guard(err(libc::EIO), || {
+    guard(-1, || {
         if id.is_null() {
             return err(libc::EINVAL);
         }
@@ -1252,7 +1252,7 @@ fn destroy_id_inner(id: *mut rdma_cm_id) -> c_int {
 /// `id` is NULL or an id of ours.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
-    guard(err(libc::EIO), || destroy_id_inner(id))
+    guard(-1, || destroy_id_inner(id))
 }
 
 fn pick_port(cm: &Cm, ps: c_int, ip: IpAddr, want: u16, reuse: bool) -> Result<u16, c_int> {
@@ -1319,18 +1319,10 @@ fn bind(cm: &mut Cm, id: *mut rdma_cm_id, a: SocketAddr) -> Result<(), c_int> {
 /// `id` is an id; `addr` a socket address.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut libc::sockaddr) -> c_int {
-    guard(err(libc::EIO), || {
-        if !live_id(id) {
-            return err(libc::EINVAL);
-        }
+    id_call(id, |cm| {
         // SAFETY: the caller's sockaddr.
-        let Some(a) = (unsafe { read_sockaddr(addr) }) else {
-            return err(libc::EAFNOSUPPORT);
-        };
-        match with_cm(|cm| bind(cm, id, a)) {
-            Ok(()) => 0,
-            Err(e) => err(e),
-        }
+        let a = unsafe { read_sockaddr(addr) }.ok_or(libc::EAFNOSUPPORT)?;
+        bind(cm, id, a)
     })
 }
 
@@ -1355,7 +1347,7 @@ pub unsafe extern "C" fn rdma_resolve_addr(
     dst: *mut libc::sockaddr,
     _timeout_ms: c_int,
 ) -> c_int {
-    guard(err(libc::EIO), || {
+    guard(-1, || {
         if !live_id(id) {
             return err(libc::EINVAL);
         }
@@ -1416,7 +1408,7 @@ pub unsafe extern "C" fn rdma_resolve_addr(
 /// `id` is an id.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, timeout_ms: c_int) -> c_int {
-    guard(err(libc::EIO), || {
+    guard(-1, || {
         if !live_id(id) {
             return err(libc::EINVAL);
         }
@@ -1581,7 +1573,7 @@ pub unsafe extern "C" fn rdma_create_qp(
     pd: *mut ibv_pd,
     attr: *mut ibv_qp_init_attr,
 ) -> c_int {
-    guard(err(libc::EIO), || create_qp(id, pd, attr))
+    guard(-1, || create_qp(id, pd, attr))
 }
 
 /// # Safety
@@ -1591,7 +1583,7 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
     id: *mut rdma_cm_id,
     attr: *mut ibv_qp_init_attr_ex,
 ) -> c_int {
-    guard(err(libc::EIO), || {
+    guard(-1, || {
         if !live_id(id) || attr.is_null() {
             return err(libc::EINVAL);
         }
@@ -1666,7 +1658,7 @@ fn private(p: *const c_void, len: u8, room: usize) -> Result<Vec<u8>, c_int> {
 /// `id` is an id; `param` NULL or connection parameters.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
-    guard(err(libc::EIO), || {
+    guard(-1, || {
         if !live_id(id) {
             return err(libc::EINVAL);
         }
@@ -1768,7 +1760,7 @@ const MAX_RD_ATOMIC: u8 = 16;
 /// `id` is an id.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_int {
-    guard(err(libc::EIO), || {
+    guard(-1, || {
         if !live_id(id) {
             return err(libc::EINVAL);
         }
@@ -1836,7 +1828,7 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_
 /// `id` is an id from a CONNECT_REQUEST; `param` NULL or parameters.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
-    guard(err(libc::EIO), || {
+    guard(-1, || {
         if !live_id(id) {
             return err(libc::EINVAL);
         }
@@ -1920,33 +1912,39 @@ pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_
     })
 }
 
+/// A call on a live id that changes CM state only: 0, or -1 with errno.
+fn id_call(id: *mut rdma_cm_id, f: impl FnOnce(&mut Cm) -> Result<(), c_int>) -> c_int {
+    guard(-1, || {
+        if !live_id(id) {
+            return err(libc::EINVAL);
+        }
+        match with_cm(f) {
+            Ok(()) => 0,
+            Err(e) => err(e),
+        }
+    })
+}
+
+/// The id's connection: (device, comm id).
+fn conn_of(cm: &Cm, id: *mut rdma_cm_id) -> Result<(usize, u32), c_int> {
+    cm.ids[&(id as usize)].conn.ok_or(libc::EINVAL)
+}
+
 /// # Safety
 /// `id` is an id from a CONNECT_REQUEST; `data` NULL or `len` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_reject(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int {
-    guard(err(libc::EIO), || {
-        if !live_id(id) {
-            return err(libc::EINVAL);
-        }
-        let user = match private(data, len, REJ_PRIVATE_LEN) {
-            Ok(u) => u,
-            Err(e) => return err(e),
-        };
-        let r = with_cm(|cm| -> Result<(), c_int> {
-            let st = cm.ids.get_mut(&(id as usize)).unwrap();
-            let (dev, comm) = st.conn.take().ok_or(libc::EINVAL)?;
-            cm.by_conn.remove(&(dev, comm));
-            let mut pd = [0u8; REJ_PRIVATE_LEN];
-            pd[..user.len()].copy_from_slice(&user);
-            cm.devs[dev]
-                .agent
-                .reject(comm, rej::CONSUMER_REJECT, pd)
-                .map_err(|_| libc::EINVAL)
-        });
-        match r {
-            Ok(()) => 0,
-            Err(e) => err(e),
-        }
+    id_call(id, |cm| {
+        let user = private(data, len, REJ_PRIVATE_LEN)?;
+        let (dev, comm) = conn_of(cm, id)?;
+        cm.ids.get_mut(&(id as usize)).unwrap().conn = None;
+        cm.by_conn.remove(&(dev, comm));
+        let mut pd = [0u8; REJ_PRIVATE_LEN];
+        pd[..user.len()].copy_from_slice(&user);
+        cm.devs[dev]
+            .agent
+            .reject(comm, rej::CONSUMER_REJECT, pd)
+            .map_err(|_| libc::EINVAL)
     })
 }
 
@@ -1954,25 +1952,16 @@ pub unsafe extern "C" fn rdma_reject(id: *mut rdma_cm_id, data: *const c_void, l
 /// `id` is an id that got a CONNECT_RESPONSE.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_establish(id: *mut rdma_cm_id) -> c_int {
-    guard(err(libc::EIO), || {
-        if !live_id(id) {
-            return err(libc::EINVAL);
-        }
-        // SAFETY: a live id of ours.
+    id_call(id, |cm| {
+        // SAFETY: a live id of ours (id_call checked).
         if !unsafe { (*id).qp }.is_null() {
-            return err(libc::EINVAL);
+            return Err(libc::EINVAL);
         }
-        let r = with_cm(|cm| {
-            let (dev, comm) = cm.ids[&(id as usize)].conn.ok_or(libc::EINVAL)?;
-            cm.devs[dev]
-                .agent
-                .establish(comm, [0; RTU_PRIVATE_LEN])
-                .map_err(|_| libc::EINVAL)
-        });
-        match r {
-            Ok(()) => 0,
-            Err(e) => err(e),
-        }
+        let (dev, comm) = conn_of(cm, id)?;
+        cm.devs[dev]
+            .agent
+            .establish(comm, [0; RTU_PRIVATE_LEN])
+            .map_err(|_| libc::EINVAL)
     })
 }
 
@@ -1980,30 +1969,21 @@ pub unsafe extern "C" fn rdma_establish(id: *mut rdma_cm_id) -> c_int {
 /// `id` is an id.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
-    guard(err(libc::EIO), || {
-        if !live_id(id) {
-            return err(libc::EINVAL);
+    id_call(id, |cm| {
+        let now = cm.now();
+        // SAFETY: a live id of ours (id_call checked).
+        if !unsafe { (*id).qp }.is_null() {
+            // The QP stops first, as rdma_cm's does: posted work flushes.
+            let _ = cm.modify(id, IBV_QPS_ERR);
         }
-        let r = with_cm(|cm| -> Result<(), c_int> {
-            let now = cm.now();
-            // SAFETY: a live id of ours.
-            if !unsafe { (*id).qp }.is_null() {
-                // The QP stops first, as rdma_cm's does: posted work flushes.
-                let _ = cm.modify(id, IBV_QPS_ERR);
-            }
-            let (dev, comm) = cm.ids[&(id as usize)].conn.ok_or(libc::EINVAL)?;
-            match cm.devs[dev]
-                .agent
-                .disconnect(now, comm, [0; DREQ_PRIVATE_LEN])
-            {
-                // A DREQ received (or sent) already: nothing more to say.
-                Ok(()) | Err(CmError::WrongState(CmState::TimeWait | CmState::DreqSent)) => Ok(()),
-                Err(_) => Err(libc::EINVAL),
-            }
-        });
-        match r {
-            Ok(()) => 0,
-            Err(e) => err(e),
+        let (dev, comm) = conn_of(cm, id)?;
+        match cm.devs[dev]
+            .agent
+            .disconnect(now, comm, [0; DREQ_PRIVATE_LEN])
+        {
+            // A DREQ received (or sent) already: nothing more to say.
+            Ok(()) | Err(CmError::WrongState(CmState::TimeWait | CmState::DreqSent)) => Ok(()),
+            Err(_) => Err(libc::EINVAL),
         }
     })
 }
@@ -2012,24 +1992,15 @@ pub unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
 /// `id` is an id.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_notify(id: *mut rdma_cm_id, event: c_int) -> c_int {
-    guard(err(libc::EIO), || {
-        if !live_id(id) {
-            return err(libc::EINVAL);
-        }
+    id_call(id, |cm| {
         if event as u32 != IBV_EVENT_COMM_EST {
-            return 0;
+            return Ok(());
         }
-        let r = with_cm(|cm| {
-            let (dev, comm) = cm.ids[&(id as usize)].conn.ok_or(libc::EINVAL)?;
-            cm.devs[dev]
-                .agent
-                .notify_established(comm)
-                .map_err(|_| libc::EINVAL)
-        });
-        match r {
-            Ok(()) => 0,
-            Err(e) => err(e),
-        }
+        let (dev, comm) = conn_of(cm, id)?;
+        cm.devs[dev]
+            .agent
+            .notify_established(comm)
+            .map_err(|_| libc::EINVAL)
     })
 }
 
@@ -2041,7 +2012,7 @@ pub unsafe extern "C" fn rdma_init_qp_attr(
     attr: *mut ibv_qp_attr,
     mask: *mut c_int,
 ) -> c_int {
-    guard(err(libc::EIO), || {
+    guard(-1, || {
         if !live_id(id) || attr.is_null() || mask.is_null() {
             return err(libc::EINVAL);
         }
@@ -2071,33 +2042,27 @@ pub unsafe extern "C" fn rdma_set_option(
     optval: *mut c_void,
     optlen: usize,
 ) -> c_int {
-    guard(err(libc::EIO), || {
-        if !live_id(id) || optval.is_null() {
-            return err(libc::EINVAL);
+    id_call(id, |cm| {
+        if optval.is_null() {
+            return Err(libc::EINVAL);
         }
         if level != RDMA_OPTION_ID {
-            return err(libc::ENOSYS);
+            return Err(libc::ENOSYS);
         }
-        let r = with_cm(|cm| -> Result<(), c_int> {
-            let st = cm.ids.get_mut(&(id as usize)).unwrap();
-            // SAFETY: the caller's option value of optlen bytes.
-            unsafe {
-                match (optname, optlen) {
-                    (RDMA_OPTION_ID_TOS, 1..) => st.tos = *(optval as *const u8),
-                    (RDMA_OPTION_ID_REUSEADDR, 4..) => st.reuse = *(optval as *const c_int) != 0,
-                    (RDMA_OPTION_ID_AFONLY, 4..) => st.afonly = *(optval as *const c_int) != 0,
-                    (RDMA_OPTION_ID_ACK_TIMEOUT, 1..) => {
-                        st.ack_timeout = Some(*(optval as *const u8) & 0x1f)
-                    }
-                    _ => return Err(libc::EINVAL),
+        let st = cm.ids.get_mut(&(id as usize)).unwrap();
+        // SAFETY: the caller's option value of optlen bytes.
+        unsafe {
+            match (optname, optlen) {
+                (RDMA_OPTION_ID_TOS, 1..) => st.tos = *(optval as *const u8),
+                (RDMA_OPTION_ID_REUSEADDR, 4..) => st.reuse = *(optval as *const c_int) != 0,
+                (RDMA_OPTION_ID_AFONLY, 4..) => st.afonly = *(optval as *const c_int) != 0,
+                (RDMA_OPTION_ID_ACK_TIMEOUT, 1..) => {
+                    st.ack_timeout = Some(*(optval as *const u8) & 0x1f)
                 }
+                _ => return Err(libc::EINVAL),
             }
-            Ok(())
-        });
-        match r {
-            Ok(()) => 0,
-            Err(e) => err(e),
         }
+        Ok(())
     })
 }
 
@@ -2108,7 +2073,7 @@ pub unsafe extern "C" fn rdma_migrate_id(
     id: *mut rdma_cm_id,
     channel: *mut rdma_event_channel,
 ) -> c_int {
-    guard(err(libc::EIO), || {
+    guard(-1, || {
         if !live_id(id) || (!channel.is_null() && self::channel(channel).is_none()) {
             return err(libc::EINVAL);
         }
@@ -2179,7 +2144,7 @@ pub unsafe extern "C" fn rdma_get_request(
     listen: *mut rdma_cm_id,
     id: *mut *mut rdma_cm_id,
 ) -> c_int {
-    guard(err(libc::EIO), || {
+    guard(-1, || {
         if !live_id(listen) || id.is_null() {
             return err(libc::EINVAL);
         }
@@ -2223,7 +2188,7 @@ pub unsafe extern "C" fn rdma_create_ep(
     pd: *mut ibv_pd,
     attr: *mut ibv_qp_init_attr,
 ) -> c_int {
-    guard(err(libc::EIO), || {
+    guard(-1, || {
         if id.is_null() || res.is_null() {
             return err(libc::EINVAL);
         }
@@ -2321,13 +2286,7 @@ pub unsafe extern "C" fn rdma_get_devices(num: *mut c_int) -> *mut *mut ibv_cont
                 .filter_map(|(nd, _)| cm.dev(&nd).ok().map(|d| cm.devs[d].ctx))
                 .collect()
         });
-        if !num.is_null() {
-            // SAFETY: the caller's int.
-            unsafe { *num = ctxs.len() as c_int };
-        }
-        let mut v = ctxs;
-        v.push(ptr::null_mut());
-        Box::into_raw(v.into_boxed_slice()) as *mut *mut ibv_context
+        crate::device::null_terminated(ctxs, num)
     })
 }
 
@@ -2335,17 +2294,8 @@ pub unsafe extern "C" fn rdma_get_devices(num: *mut c_int) -> *mut *mut ibv_cont
 /// `list` is NULL or from `rdma_get_devices`.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_free_devices(list: *mut *mut ibv_context) {
-    if list.is_null() {
-        return;
-    }
-    let mut n = 0;
-    // SAFETY: a NULL-terminated array from rdma_get_devices.
-    unsafe {
-        while !(*list.add(n)).is_null() {
-            n += 1;
-        }
-        drop(Box::from_raw(ptr::slice_from_raw_parts_mut(list, n + 1)));
-    }
+    // SAFETY: the caller's list from rdma_get_devices.
+    unsafe { crate::device::free_null_terminated(list) }
 }
 
 /// rsocket's poll: there are no rsockets here, so it is poll(2).
