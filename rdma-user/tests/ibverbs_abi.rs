@@ -53,7 +53,7 @@ fn dynsyms(file: &Path, imports: bool) -> BTreeSet<(String, String)> {
 }
 
 /// The Debian binaries that run over the library.
-const TOOLS: [&str; 12] = [
+const TOOLS: [&str; 18] = [
     "ibv_devices",
     "ibv_devinfo",
     "ibv_rc_pingpong",
@@ -66,6 +66,13 @@ const TOOLS: [&str; 12] = [
     "ib_write_bw",
     "ib_read_bw",
     "ib_send_bw",
+    // rdmacm-utils: librdmacm's nodes, from the same object.
+    "rping",
+    "ucmatose",
+    "udaddy",
+    "rdma_server",
+    "rdma_client",
+    "cmtime",
 ];
 
 #[test]
