@@ -150,6 +150,8 @@ fn unmodified_rdmacm_tools_connect_over_the_library() {
         &["cmtime", "-s", &b, "-c", "100"],
         false,
     );
+    // cmtime reports a failed step on stderr and still exits 0.
+    assert!(!c.contains("fail"), "{c}");
     for step in [
         "create id",
         "resolve addr",
@@ -300,6 +302,7 @@ fn connections_through_five_percent_loss_complete_by_mad_retries() {
         false,
     );
     assert!(c.lines().any(|l| l.starts_with("connect")), "{c}");
+    assert!(!c.contains("fail"), "{c}");
     let (c, s) = pair_env(
         &lab,
         &env,

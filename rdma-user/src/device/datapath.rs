@@ -281,7 +281,8 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            max_qp: 256,
+            // What the drop-in libibverbs reports as max_qp.
+            max_qp: 1024,
             max_ah: 0x3ffe,
             max_mr: 1024,
             max_cq: 256,
@@ -1159,6 +1160,12 @@ impl DataPath {
             .collect();
         // DCQCN's counters over all QPs, under mlx5's names.
         let mut dp = serde_json::to_value(self.core.stats).unwrap_or_default();
+        if let (Some(m), Some(g)) = (dp.as_object_mut(), &self.core.gsi) {
+            m.insert(
+                "gsi".into(),
+                serde_json::to_value(&g.stats).unwrap_or_default(),
+            );
+        }
         let sum = |f: fn(&QpStats) -> u64| -> u64 {
             self.core.qps.values().map(|s| f(&s.qp.stats())).sum()
         };

@@ -18,8 +18,9 @@ use super::rings::eventfd;
 use crate::wire::cm::{GSI_QKEY, MAD_LEN};
 use crate::wire::{opcode, BthRepr, DethRepr, IpRepr, RoceRepr, TransportRepr, WireError};
 
-/// MADs waiting each way; the CM's traffic is a few per connection.
-pub const GSI_QUEUE: usize = 256;
+/// MADs waiting each way: a few per connection, and programs open a
+/// thousand connections at once (cmtime -c 1000).
+pub const GSI_QUEUE: usize = 2048;
 
 /// A MAD received on QP1.
 #[derive(Clone)]
@@ -41,7 +42,7 @@ pub struct GsiOut {
 }
 
 /// Counters of QP1's traffic.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, serde::Serialize)]
 pub struct GsiStats {
     pub rx_mads: AtomicU64,
     pub tx_mads: AtomicU64,
@@ -97,13 +98,12 @@ impl Gsi {
         self.rx.pop()
     }
 
-    /// Queues a MAD to send; false (and counted) when the queue is full.
-    pub fn send(&self, out: GsiOut) -> bool {
-        let ok = self.tx.push(out).is_ok();
-        if !ok {
+    /// Queues a MAD to send; when the queue is full (counted), the MAD
+    /// comes back for the caller to offer again later.
+    pub fn send(&self, out: GsiOut) -> Result<(), GsiOut> {
+        self.tx.push(out).inspect_err(|_| {
             self.stats.tx_overflow.fetch_add(1, Ordering::Relaxed);
-        }
-        ok
+        })
     }
 
     pub fn has_tx(&self) -> bool {

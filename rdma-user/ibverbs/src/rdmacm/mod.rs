@@ -306,6 +306,8 @@ struct CmDev {
     routes: HashMap<IpAddr, RoceRepr>,
     /// MADs for a peer with no headers yet (counted, then retried).
     no_route: u64,
+    /// MADs the full QP1 queue refused, offered again first.
+    backlog: VecDeque<GsiOut>,
 }
 
 /// What this library keeps of an id beside rdma_cm's struct.
@@ -427,6 +429,7 @@ impl Cm {
             agent,
             routes: HashMap::new(),
             no_route: 0,
+            backlog: VecDeque::new(),
         });
         self.wake();
         Ok(self.devs.len() - 1)
@@ -456,17 +459,23 @@ impl Cm {
             }
         }
         for d in &mut self.devs {
-            let mut sent = false;
             while let Some(o) = d.agent.poll_transmit() {
                 match d.routes.get(&o.to) {
-                    Some(net) => {
-                        sent |= d.gsi.send(GsiOut {
-                            net: *net,
-                            mad: o.mad,
-                        })
-                    }
+                    Some(net) => d.backlog.push_back(GsiOut {
+                        net: *net,
+                        mad: o.mad,
+                    }),
                     None => d.no_route += 1,
                 }
+            }
+            let mut sent = false;
+            while let Some(m) = d.backlog.pop_front() {
+                if let Err(m) = d.gsi.send(m) {
+                    // QP1's queue is full: the rest waits for the next turn.
+                    d.backlog.push_front(m);
+                    break;
+                }
+                sent = true;
             }
             if sent {
                 d.dp.wake();
@@ -1115,13 +1124,18 @@ fn cm_thread() {
                 });
             }
             let now = cm.now();
-            cm.devs
-                .iter()
-                .filter_map(|d| d.agent.poll_timeout())
-                .min()
-                .map_or(1000, |t| {
-                    (t.saturating_sub(now) / 1_000_000 + 1).min(1000) as c_int
-                })
+            if cm.devs.iter().any(|d| !d.backlog.is_empty()) {
+                // MADs wait for room in QP1's queue: look again soon.
+                1
+            } else {
+                cm.devs
+                    .iter()
+                    .filter_map(|d| d.agent.poll_timeout())
+                    .min()
+                    .map_or(1000, |t| {
+                        (t.saturating_sub(now) / 1_000_000 + 1).min(1000) as c_int
+                    })
+            }
         };
         // SAFETY: poll on our own fds, in a local array.
         unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as _, timeout_ms) };
