@@ -98,12 +98,20 @@ impl Gsi {
         self.rx.pop()
     }
 
-    /// Queues a MAD to send; when the queue is full (counted), the MAD
-    /// comes back for the caller to offer again later.
-    pub fn send(&self, out: GsiOut) -> Result<(), GsiOut> {
-        self.tx.push(out).inspect_err(|_| {
+    /// Queues a MAD to send; false (and counted) when the queue is full.
+    /// A CM (the only sender) asks `tx_room` first and keeps what does not
+    /// fit for later.
+    pub fn send(&self, out: GsiOut) -> bool {
+        let ok = self.tx.push(out).is_ok();
+        if !ok {
             self.stats.tx_overflow.fetch_add(1, Ordering::Relaxed);
-        })
+        }
+        ok
+    }
+
+    /// Whether `send` has room (the data path only ever makes more).
+    pub fn tx_room(&self) -> bool {
+        !self.tx.is_full()
     }
 
     pub fn has_tx(&self) -> bool {

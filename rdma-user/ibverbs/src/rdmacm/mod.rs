@@ -468,14 +468,13 @@ impl Cm {
                     None => d.no_route += 1,
                 }
             }
+            // What QP1's queue has no room for waits for the next turn.
             let mut sent = false;
-            while let Some(m) = d.backlog.pop_front() {
-                if let Err(m) = d.gsi.send(m) {
-                    // QP1's queue is full: the rest waits for the next turn.
-                    d.backlog.push_front(m);
+            while d.gsi.tx_room() {
+                let Some(m) = d.backlog.pop_front() else {
                     break;
-                }
-                sent = true;
+                };
+                sent |= d.gsi.send(m);
             }
             if sent {
                 d.dp.wake();
