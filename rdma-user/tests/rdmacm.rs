@@ -320,3 +320,47 @@ fn connections_through_five_percent_loss_complete_by_mad_retries() {
         "the relay dropped nothing: {relay}"
     );
 }
+
+/// 1500 connect/disconnect cycles, each with its own id, QP and synchronous
+/// channel (a C program against Debian's librdmacm-dev, `data/cm_cycles.c`):
+/// the descriptors the program holds do not grow, and a leaked QP would
+/// have hit the device's limit of 1024 before the end.
+#[test]
+fn connect_disconnect_cycles_leak_nothing() {
+    library();
+    let exe = std::env::temp_dir().join(format!("rdma-cm_cycles-{}", std::process::id()));
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/cm_cycles.c");
+    let cc = Command::new("cc")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .arg("-lrdmacm")
+        .output()
+        .expect("cc");
+    assert!(
+        cc.status.success(),
+        "cc cm_cycles.c (librdmacm-dev): {}",
+        text(&cc)
+    );
+    let _g = lab::serial();
+    let lab = lab::Lab::new(1500);
+    let b = lab.addr[1].clone();
+    let exe = exe.to_string_lossy().to_string();
+    let (c, s) = pair(
+        &lab,
+        &[&exe, "server", &b, "7500", "1500"],
+        &[&exe, "client", &b, "7500", "1500"],
+        true,
+    );
+    let _ = std::fs::remove_file(&exe);
+    for out in [&c, &s] {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("cycles 1500 in"))
+            .unwrap_or_else(|| panic!("no result line:\n{out}"));
+        let fds: Vec<&str> = line.split_whitespace().collect();
+        // "... descriptors after 10 N, at the end M"
+        let (early, end) = (fds[fds.len() - 5].trim_end_matches(','), fds[fds.len() - 1]);
+        assert_eq!(early, end, "descriptors grew: {line}");
+    }
+}

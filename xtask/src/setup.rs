@@ -103,6 +103,10 @@ pub(crate) fn prereqs(install: bool, for_tests: bool) -> Result<()> {
     if for_tests && !std::path::Path::new("/usr/include/infiniband/verbs.h").exists() {
         debs.push("libibverbs-dev");
     }
+    // librdmacm-dev for the C connect/disconnect cycle test.
+    if for_tests && !std::path::Path::new("/usr/include/rdma/rdma_cma.h").exists() {
+        debs.push("librdmacm-dev");
+    }
     if !debs.is_empty() {
         let list = debs.join(" ");
         missing.push((

@@ -1499,11 +1499,14 @@ fn create_qp(id: *mut rdma_cm_id, pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) 
     if !live_id(id) || attr.is_null() {
         return err(libc::EINVAL);
     }
+    // As librdmacm: the QP is made from a copy of the caller's attributes
+    // (CQs filled in there), and only the capabilities go back.
     // SAFETY: a live id of ours; the caller's attr.
-    let (verbs, a) = unsafe { ((*id).verbs, &mut *attr) };
+    let (verbs, mut local) = unsafe { ((*id).verbs, *attr) };
     if verbs.is_null() {
         return err(libc::EINVAL);
     }
+    let a = &mut local;
     let (mut own_pd, mut own_cqs) = (false, false);
     let pd = if pd.is_null() {
         // SAFETY: a live id of ours.
@@ -1547,11 +1550,13 @@ fn create_qp(id: *mut rdma_cm_id, pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) 
         }
         own_cqs = true;
     }
-    // SAFETY: our PD and the caller's attr.
-    let qp = unsafe { crate::verbs::ibv_create_qp(pd, attr) };
+    // SAFETY: our PD and the local copy of the attributes.
+    let qp = unsafe { crate::verbs::ibv_create_qp(pd, a) };
     if qp.is_null() {
         return -1;
     }
+    // SAFETY: the caller's attr.
+    unsafe { (*attr).cap = a.cap };
     // SAFETY: a live id of ours.
     unsafe {
         (*id).qp = qp;
