@@ -7,8 +7,10 @@
 //! data path and reach it only through jobs; [`tools`] (benchmarks, soak,
 //! relay, hostile packets) use all of it and nothing above imports them.
 //!
+//! [`cm`] is the communication manager, sans-IO beside [`transport`].
+//!
 //! Allowed imports, lowest layer first (checked by `tests/layering.rs`):
-//! `rng` <- `wire` <- `memory` <- `transport` <- `io` <- `device` <-
+//! `rng` <- `wire` <- `memory` <- `transport`, `cm` <- `io` <- `device` <-
 //! `control`, `verbs` <- `tools`.
 
 pub mod cm;
