@@ -245,6 +245,28 @@ fn perftest_connects_with_rdma_cm_over_the_library() {
     }
 }
 
+/// qperf's RDMA CM mode: its server binds the wildcard address with port
+/// 0 and reads the port back (`rdma_get_src_port`), reads the QP's caps
+/// with `ibv_query_qp`, waits in `ibv_get_cq_event`, and ends each test
+/// with SIGALRM while blocked there.
+#[test]
+fn qperf_connects_with_rdma_cm_over_the_library() {
+    library();
+    let _g = lab::serial();
+    let lab = lab::Lab::new(1500);
+    let b = lab.addr[1].clone();
+    let (c, _) = pair(
+        &lab,
+        &["qperf"],
+        &["qperf", "-cm1", "-t", "1", &b, "rc_lat", "rc_bw"],
+        false,
+    );
+    for want in ["rc_lat:", "latency", "rc_bw:", "bw"] {
+        assert!(c.contains(want), "{want}:\n{c}");
+    }
+    assert!(!c.contains("failed") && !c.contains("error"), "{c}");
+}
+
 #[test]
 fn a_req_to_a_port_nobody_listens_on_is_rejected() {
     library();

@@ -88,9 +88,12 @@ pub(crate) fn prereqs(install: bool, for_tests: bool) -> Result<()> {
     if for_tests && have("sh", &["-c", "command -v ibv_devinfo"]).is_none() {
         debs.push("ibverbs-utils");
     }
-    // rdmacm-utils for the drop-in librdmacm's tests (rping, ucmatose, ...).
+    // rdmacm-utils and qperf for the drop-in librdmacm's tests.
     if for_tests && have("sh", &["-c", "command -v rping"]).is_none() {
         debs.push("rdmacm-utils");
+    }
+    if for_tests && have("sh", &["-c", "command -v qperf"]).is_none() {
+        debs.push("qperf");
     }
     if for_tests && have("objdump", &["--version"]).is_none() {
         debs.push("binutils");
