@@ -71,8 +71,9 @@ fn device_for(link: &Link) -> *mut Device {
     p
 }
 
-/// rdma-core's node GUID for a MAC: the EUI-64 (as rxe's).
-fn eui64(mac: [u8; 6]) -> [u8; 8] {
+/// rdma-core's node GUID for a MAC: the EUI-64 (as rxe's); also the CM's
+/// CA GUID.
+pub(crate) fn eui64(mac: [u8; 6]) -> [u8; 8] {
     [
         mac[0] ^ 2,
         mac[1],

@@ -415,7 +415,7 @@ impl Cm {
             .and_then(|v| v.parse().ok())
             .unwrap_or(20);
         let agent = CmAgent::new(CmConfig {
-            ca_guid: u64::from_be_bytes(eui64(mac)),
+            ca_guid: u64::from_be_bytes(crate::device::eui64(mac)),
             response_timeout,
             max_retries: 15,
             tid_high: std::process::id(),
@@ -918,6 +918,17 @@ enum Request {
     Sidr(SidrReq),
 }
 
+/// The QPN a REQ or REP names: the id's QP's, or the parameters' for an
+/// id without one.
+fn qpn_of(qp: *mut ibv_qp, p: &rdma_conn_param) -> u32 {
+    if qp.is_null() {
+        p.qp_num
+    } else {
+        // SAFETY: the id's QP, one of ours.
+        unsafe { (*qp).qp_num }
+    }
+}
+
 /// The caller's connection parameters, or librdmacm's for NULL: the
 /// resources the device allows (0xff, resolved by the caller against the
 /// peer's offer), 7 retries and 7 RNR retries.
@@ -994,19 +1005,6 @@ fn mtu_code(bytes: u32) -> u32 {
         512.. => 2,
         _ => 1,
     }
-}
-
-fn eui64(mac: [u8; 6]) -> [u8; 8] {
-    [
-        mac[0] ^ 2,
-        mac[1],
-        mac[2],
-        0xff,
-        0xfe,
-        mac[3],
-        mac[4],
-        mac[5],
-    ]
 }
 
 fn id_state(sync: bool) -> IdState {
@@ -1719,12 +1717,7 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn
                 p.private_data_len,
                 REQ_PRIVATE_LEN - CmaHeader::LEN,
             )?;
-            let qpn = if qp.is_null() {
-                p.qp_num
-            } else {
-                // SAFETY: the id's QP.
-                unsafe { (*qp).qp_num }
-            };
+            let qpn = qpn_of(qp, &p);
             let mtu = our_context(cm.devs[dev].ctx).map_or(1024, |c| c.port_mtu());
             let st = cm.ids.get_mut(&(id as usize)).unwrap();
             st.my_psn = (entropy() & 0xff_ffff) as u32;
@@ -1861,12 +1854,7 @@ pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_
                 return Err(libc::EINVAL);
             };
             let sync = st.sync;
-            let qpn = if qp.is_null() {
-                p.qp_num
-            } else {
-                // SAFETY: the id's QP.
-                unsafe { (*qp).qp_num }
-            };
+            let qpn = qpn_of(qp, &p);
             if ps == RDMA_PS_UDP {
                 let user = private(p.private_data, p.private_data_len, SIDR_REP_PRIVATE_LEN)?;
                 let mut pd = [0u8; SIDR_REP_PRIVATE_LEN];
