@@ -684,7 +684,7 @@ impl CmAgent {
         };
         let tid = m.header.tid;
         match m.message {
-            CmMessage::Req(req) => self.on_req(now, peer, tid, req),
+            CmMessage::Req(req) => self.on_req(peer, tid, req),
             CmMessage::Rep(rep) => self.on_rep(peer, rep),
             CmMessage::Rtu(rtu) => {
                 let ok = self.conns.get(&rtu.remote_comm_id).is_some_and(|c| {
@@ -760,7 +760,7 @@ impl CmAgent {
             .map(|(id, _)| *id)
     }
 
-    fn on_req(&mut self, now: Nanos, peer: IpAddr, tid: u64, req: Req) {
+    fn on_req(&mut self, peer: IpAddr, tid: u64, req: Req) {
         if let Some(id) = self.find_remote(peer, req.local_comm_id) {
             // A duplicate: our REP (if sent) retries on its own timer.
             self.stats.rx_duplicates += 1;
@@ -805,7 +805,6 @@ impl CmAgent {
                 wait,
             },
         );
-        let _ = now;
         self.events.push_back(CmEvent::ConnectRequest {
             listener,
             id,

@@ -27,8 +27,6 @@ pub const GSI_QUEUE: usize = 2048;
 pub struct GsiIn {
     /// The sender's address (its GID as an IP address).
     pub peer: IpAddr,
-    /// The address it was sent to (ours).
-    pub local: IpAddr,
     /// Headers that answer it: the frame's addresses reversed.
     pub reply: RoceRepr,
     pub mad: [u8; MAD_LEN],
@@ -129,13 +127,12 @@ impl Gsi {
             self.stats.rx_malformed.fetch_add(1, Ordering::Relaxed);
             return;
         };
-        let (peer, local) = match repr.ip {
-            IpRepr::V4(ip) => (IpAddr::from(ip.src), IpAddr::from(ip.dst)),
-            IpRepr::V6(ip) => (IpAddr::from(ip.src), IpAddr::from(ip.dst)),
+        let peer = match repr.ip {
+            IpRepr::V4(ip) => IpAddr::from(ip.src),
+            IpRepr::V6(ip) => IpAddr::from(ip.src),
         };
         let m = GsiIn {
             peer,
-            local,
             reply,
             mad: payload.try_into().unwrap(),
         };

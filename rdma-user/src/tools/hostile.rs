@@ -87,6 +87,11 @@ pub struct Generator {
 }
 
 /// The seeded generator and the random payload both generators draw from.
+/// One of `classes`, uniformly.
+fn pick<C: Copy>(rng: &mut Rng, classes: &[C]) -> C {
+    classes[rng.below(classes.len() as u64) as usize]
+}
+
 fn seeded(seed: u64) -> (Rng, Vec<u8>) {
     let mut rng = Rng(seed);
     let mut payload = vec![0u8; 4096];
@@ -102,7 +107,7 @@ impl Generator {
 
     /// A random class and its frame in `buf` (room for an MTU-sized packet).
     pub fn next(&mut self, buf: &mut [u8]) -> (Class, usize) {
-        let c = CLASSES[self.rng.below(CLASSES.len() as u64) as usize];
+        let c = pick(&mut self.rng, &CLASSES);
         (c, self.frame(c, buf))
     }
 
@@ -297,7 +302,7 @@ impl UdGenerator {
 
     /// A random class and its frame in `buf`.
     pub fn next(&mut self, buf: &mut [u8]) -> (UdClass, usize) {
-        let c = UD_CLASSES[self.rng.below(UD_CLASSES.len() as u64) as usize];
+        let c = pick(&mut self.rng, &UD_CLASSES);
         (c, self.frame(c, buf))
     }
 
@@ -405,7 +410,7 @@ impl SrGenerator {
 
     /// A random class and its frame in `buf`.
     pub fn next(&mut self, buf: &mut [u8]) -> (SrClass, usize) {
-        let c = SR_CLASSES[self.rng.below(SR_CLASSES.len() as u64) as usize];
+        let c = pick(&mut self.rng, &SR_CLASSES);
         (c, self.frame(c, buf))
     }
 
@@ -540,7 +545,7 @@ impl CmGenerator {
 
     /// A random class and its frame in `buf`.
     pub fn next(&mut self, buf: &mut [u8]) -> (CmClass, usize) {
-        let c = CM_CLASSES[self.rng.below(CM_CLASSES.len() as u64) as usize];
+        let c = pick(&mut self.rng, &CM_CLASSES);
         (c, self.frame(c, buf))
     }
 

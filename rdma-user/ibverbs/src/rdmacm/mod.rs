@@ -346,6 +346,18 @@ struct IdState {
     own_cqs: bool,
 }
 
+impl IdState {
+    /// The peer's QPN, starting PSN and (a REQ's) path MTU code, from the
+    /// REQ this passive id answers or the REP this active id got.
+    fn peer(&self) -> Result<(u32, u32, u8), c_int> {
+        match (&self.req, &self.rep) {
+            (Some(req), _) => Ok((req.local_qpn, req.starting_psn, req.path_mtu)),
+            (None, Some(rep)) => Ok((rep.local_qpn, rep.starting_psn, 0xff)),
+            _ => Err(libc::EINVAL),
+        }
+    }
+}
+
 struct Cm {
     devs: Vec<CmDev>,
     ids: HashMap<usize, IdState>,
@@ -406,10 +418,21 @@ impl Cm {
         // SAFETY: one of our devices.
         let ctx = unsafe { crate::device::ibv_open_device(device) };
         let c = our_context(ctx).ok_or(libc::ENODEV)?;
-        let dp = crate::verbs::data_path(c)?;
-        let gsi = Arc::new(Gsi::new().map_err(|e| e.raw_os_error().unwrap_or(libc::ENOMEM))?);
-        dp.set_gsi(Some(gsi.clone())).map_err(|e| e.errno())?;
-        let mac = iface_mac(netdev).map_err(|_| libc::ENODEV)?;
+        let opened = (|| {
+            let dp = crate::verbs::data_path(c)?;
+            let gsi = Arc::new(Gsi::new().map_err(|e| e.raw_os_error().unwrap_or(libc::ENOMEM))?);
+            dp.set_gsi(Some(gsi.clone())).map_err(|e| e.errno())?;
+            let mac = iface_mac(netdev).map_err(|_| libc::ENODEV)?;
+            Ok((dp, gsi, mac))
+        })();
+        let (dp, gsi, mac) = match opened {
+            Ok(x) => x,
+            Err(e) => {
+                // SAFETY: the context opened above, not handed out.
+                unsafe { crate::device::ibv_close_device(ctx) };
+                return Err(e);
+            }
+        };
         let response_timeout = std::env::var("RDMA_XDP_CM_RESPONSE_TIMEOUT")
             .ok()
             .and_then(|v| v.parse().ok())
@@ -631,28 +654,27 @@ impl Cm {
     }
 
     fn on_request(&mut self, dev: usize, listener: u32, comm: u32, peer: IpAddr, r: Request) {
-        let reject = |cm: &mut Cm| match r {
-            _ if trace() && {
+        let reject = |cm: &mut Cm| {
+            if trace() {
                 eprintln!("rdma-xdp cm: rejecting request {comm} from {peer}");
-                false
-            } =>
-            {
-                unreachable!()
             }
-            Request::Conn(_) => {
-                let _ = cm.devs[dev]
-                    .agent
-                    .reject(comm, rej::CONSUMER_REJECT, [0; REJ_PRIVATE_LEN]);
-            }
-            Request::Sidr(req) => {
-                let _ = cm.devs[dev].agent.sidr_reply(
-                    comm,
-                    sidr::REJECT,
-                    0,
-                    0,
-                    req.service_id,
-                    [0; SIDR_REP_PRIVATE_LEN],
-                );
+            match r {
+                Request::Conn(_) => {
+                    let _ =
+                        cm.devs[dev]
+                            .agent
+                            .reject(comm, rej::CONSUMER_REJECT, [0; REJ_PRIVATE_LEN]);
+                }
+                Request::Sidr(req) => {
+                    let _ = cm.devs[dev].agent.sidr_reply(
+                        comm,
+                        sidr::REJECT,
+                        0,
+                        0,
+                        req.service_id,
+                        [0; SIDR_REP_PRIVATE_LEN],
+                    );
+                }
             }
         };
         let Some(&lp) = self.by_listener.get(&(dev, listener)) else {
@@ -820,11 +842,7 @@ impl Cm {
                 mask |= IBV_QP_SQ_PSN;
             }
             IBV_QPS_RTR => {
-                let (dest, peer_mtu) = match (&st.req, &st.rep) {
-                    (Some(req), _) => (req.local_qpn, req.path_mtu),
-                    (None, Some(rep)) => (rep.local_qpn, 0xff),
-                    _ => return Err(libc::EINVAL),
-                };
+                let (dest, _, peer_mtu) = st.peer()?;
                 a.ah_attr = self.ah_attr(id)?;
                 let ours = our_context(verbs).map_or(1024, |c| c.port_mtu());
                 a.path_mtu = mtu_code(ours).min(peer_mtu as u32);
@@ -850,11 +868,7 @@ impl Cm {
                     | IBV_QP_ACCESS_FLAGS;
             }
             IBV_QPS_RTS => {
-                a.sq_psn = match (&st.req, &st.rep) {
-                    (Some(req), _) => req.starting_psn,
-                    (None, Some(rep)) => rep.starting_psn,
-                    _ => return Err(libc::EINVAL),
-                };
+                a.sq_psn = st.peer()?.1;
                 a.timeout = st
                     .ack_timeout
                     .or(st.req.map(|r| r.primary.local_ack_timeout))
@@ -1358,60 +1372,50 @@ pub unsafe extern "C" fn rdma_resolve_addr(
     dst: *mut libc::sockaddr,
     _timeout_ms: c_int,
 ) -> c_int {
-    guard(-1, || {
-        if !live_id(id) {
-            return err(libc::EINVAL);
+    // SAFETY: the caller's sockaddrs.
+    let (s, d) = unsafe { (read_sockaddr(src), read_sockaddr(dst)) };
+    sync_call(id, |cm| {
+        let d = d.ok_or(libc::EINVAL)?;
+        let st = &cm.ids[&(id as usize)];
+        if st.src.is_none() {
+            let local = match s {
+                Some(s) if !s.ip().is_unspecified() => s,
+                _ => SocketAddr::new(
+                    source_for(d).ok_or(libc::ENETUNREACH)?,
+                    s.map_or(0, |s| s.port()),
+                ),
+            };
+            bind(cm, id, local)?;
         }
-        // SAFETY: the caller's sockaddrs.
-        let (s, d) = unsafe { (read_sockaddr(src), read_sockaddr(dst)) };
-        let Some(d) = d else {
-            return err(libc::EINVAL);
-        };
-        let r = with_cm(|cm| -> Result<bool, c_int> {
-            let st = &cm.ids[&(id as usize)];
-            if st.src.is_none() {
-                let local = match s {
-                    Some(s) if !s.ip().is_unspecified() => s,
-                    _ => SocketAddr::new(
-                        source_for(d).ok_or(libc::ENETUNREACH)?,
-                        s.map_or(0, |s| s.port()),
-                    ),
-                };
-                bind(cm, id, local)?;
-            }
-            let st = cm.ids.get_mut(&(id as usize)).unwrap();
-            let mut src = st.src.unwrap();
-            if src.ip().is_unspecified() {
-                src.set_ip(source_for(d).ok_or(libc::ENETUNREACH)?);
-            }
-            st.dst = Some(d);
-            // SAFETY: a live id of ours.
-            let ok = unsafe {
-                fill_route(&mut (*id).route, src, d);
-                match netdev_for_ip(src.ip()).map(|n| cm.dev(&n)) {
-                    Some(Ok(dev)) => {
-                        (*id).verbs = cm.devs[dev].ctx;
-                        let st = cm.ids.get_mut(&(id as usize)).unwrap();
-                        st.src = Some(src);
-                        st.dev = Some(dev);
-                        true
-                    }
-                    _ => false,
+        let st = cm.ids.get_mut(&(id as usize)).unwrap();
+        let mut src = st.src.unwrap();
+        if src.ip().is_unspecified() {
+            src.set_ip(source_for(d).ok_or(libc::ENETUNREACH)?);
+        }
+        st.dst = Some(d);
+        // SAFETY: a live id of ours.
+        let ok = unsafe {
+            fill_route(&mut (*id).route, src, d);
+            match netdev_for_ip(src.ip()).map(|n| cm.dev(&n)) {
+                Some(Ok(dev)) => {
+                    (*id).verbs = cm.devs[dev].ctx;
+                    let st = cm.ids.get_mut(&(id as usize)).unwrap();
+                    st.src = Some(src);
+                    st.dev = Some(dev);
+                    true
                 }
-            };
-            let e = if ok {
-                conn_event(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0, |_| {})
-            } else {
-                conn_event(id, RDMA_CM_EVENT_ADDR_ERROR, -libc::ENODEV, |_| {})
-            };
-            cm.post_to(id, e);
-            Ok(cm.ids[&(id as usize)].sync)
-        });
-        match r {
-            Ok(true) => wait_sync(id, RDMA_CM_EVENT_ADDR_RESOLVED),
-            Ok(false) => 0,
-            Err(e) => err(e),
-        }
+                _ => false,
+            }
+        };
+        let e = if ok {
+            conn_event(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0, |_| {})
+        } else {
+            conn_event(id, RDMA_CM_EVENT_ADDR_ERROR, -libc::ENODEV, |_| {})
+        };
+        cm.post_to(id, e);
+        Ok(cm.ids[&(id as usize)]
+            .sync
+            .then_some(RDMA_CM_EVENT_ADDR_RESOLVED))
     })
 }
 
@@ -1674,92 +1678,81 @@ fn private(p: *const c_void, len: u8, room: usize) -> Result<Vec<u8>, c_int> {
 /// `id` is an id; `param` NULL or connection parameters.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
-    guard(-1, || {
-        if !live_id(id) {
-            return err(libc::EINVAL);
-        }
-        // SAFETY: the caller's parameters.
-        let p = conn_param_or_default(param);
-        // SAFETY: a live id of ours.
+    let p = conn_param_or_default(param);
+    sync_call(id, |cm| {
+        // SAFETY: a live id of ours (sync_call checked).
         let (ps, qp) = unsafe { ((*id).ps, (*id).qp) };
-        let r = with_cm(|cm| -> Result<bool, c_int> {
-            let now = cm.now();
-            let st = &cm.ids[&(id as usize)];
-            let (Some(src), Some(dst), Some(dev)) = (st.src, st.dst, st.dev) else {
-                return Err(libc::EINVAL);
-            };
-            if st.conn.is_some() || !cm.devs[dev].routes.contains_key(&dst.ip()) {
-                return Err(libc::EINVAL);
-            }
-            let sync = st.sync;
-            let hdr = CmaHeader {
-                src_port: src.port(),
-                src: src.ip(),
-                dst: dst.ip(),
-            };
-            if ps == RDMA_PS_UDP {
-                let user = private(
-                    p.private_data,
-                    p.private_data_len,
-                    SIDR_REQ_PRIVATE_LEN - CmaHeader::LEN,
-                )?;
-                let mut pd = [0u8; SIDR_REQ_PRIVATE_LEN];
-                hdr.emit(&mut pd);
-                pd[CmaHeader::LEN..CmaHeader::LEN + user.len()].copy_from_slice(&user);
-                let svc = service_id(ps as u16, dst.port());
-                let comm = cm.devs[dev].agent.sidr_request(now, dst.ip(), svc, pd);
-                cm.by_conn.insert((dev, comm), id as usize);
-                cm.ids.get_mut(&(id as usize)).unwrap().conn = Some((dev, comm));
-                return Ok(sync);
-            }
+        // A synchronous id waits for ESTABLISHED, or without a QP for the
+        // CONNECT_RESPONSE that its rdma_establish answers.
+        let done = if qp.is_null() && ps != RDMA_PS_UDP {
+            RDMA_CM_EVENT_CONNECT_RESPONSE
+        } else {
+            RDMA_CM_EVENT_ESTABLISHED
+        };
+        let now = cm.now();
+        let st = &cm.ids[&(id as usize)];
+        let (Some(src), Some(dst), Some(dev)) = (st.src, st.dst, st.dev) else {
+            return Err(libc::EINVAL);
+        };
+        if st.conn.is_some() || !cm.devs[dev].routes.contains_key(&dst.ip()) {
+            return Err(libc::EINVAL);
+        }
+        let sync = st.sync;
+        let hdr = CmaHeader {
+            src_port: src.port(),
+            src: src.ip(),
+            dst: dst.ip(),
+        };
+        if ps == RDMA_PS_UDP {
             let user = private(
                 p.private_data,
                 p.private_data_len,
-                REQ_PRIVATE_LEN - CmaHeader::LEN,
+                SIDR_REQ_PRIVATE_LEN - CmaHeader::LEN,
             )?;
-            let qpn = qpn_of(qp, &p);
-            let mtu = our_context(cm.devs[dev].ctx).map_or(1024, |c| c.port_mtu());
-            let st = cm.ids.get_mut(&(id as usize)).unwrap();
-            st.my_psn = (entropy() & 0xff_ffff) as u32;
-            // RDMA_MAX_RESP_RES / RDMA_MAX_INIT_DEPTH (0xff): the device's.
-            st.responder_resources = p.responder_resources.min(MAX_RD_ATOMIC);
-            st.initiator_depth = p.initiator_depth.min(MAX_RD_ATOMIC);
-            st.retry_count = p.retry_count.min(7);
-            st.rnr_retry_count = p.rnr_retry_count.min(7);
-            let params = ConnectParams::rdma_cm(&RdmaCmConnect {
-                src,
-                dst,
-                port_space: ps as u16,
-                qpn,
-                starting_psn: st.my_psn,
-                responder_resources: st.responder_resources,
-                initiator_depth: st.initiator_depth,
-                retry_count: st.retry_count,
-                rnr_retry_count: st.rnr_retry_count,
-                srq: p.srq != 0,
-                path_mtu: mtu_code(mtu) as u8,
-                traffic_class: st.tos,
-                ack_timeout: st.ack_timeout,
-                private_data: &user,
-            })
-            .ok_or(libc::EINVAL)?;
-            let comm = cm.devs[dev].agent.connect(now, &params);
+            let mut pd = [0u8; SIDR_REQ_PRIVATE_LEN];
+            hdr.emit(&mut pd);
+            pd[CmaHeader::LEN..CmaHeader::LEN + user.len()].copy_from_slice(&user);
+            let svc = service_id(ps as u16, dst.port());
+            let comm = cm.devs[dev].agent.sidr_request(now, dst.ip(), svc, pd);
             cm.by_conn.insert((dev, comm), id as usize);
             cm.ids.get_mut(&(id as usize)).unwrap().conn = Some((dev, comm));
-            Ok(sync)
-        });
-        match r {
-            Ok(true) => wait_sync(
-                id,
-                if qp.is_null() && ps != RDMA_PS_UDP {
-                    RDMA_CM_EVENT_CONNECT_RESPONSE
-                } else {
-                    RDMA_CM_EVENT_ESTABLISHED
-                },
-            ),
-            Ok(false) => 0,
-            Err(e) => err(e),
+            return Ok(sync.then_some(done));
         }
+        let user = private(
+            p.private_data,
+            p.private_data_len,
+            REQ_PRIVATE_LEN - CmaHeader::LEN,
+        )?;
+        let qpn = qpn_of(qp, &p);
+        let mtu = our_context(cm.devs[dev].ctx).map_or(1024, |c| c.port_mtu());
+        let st = cm.ids.get_mut(&(id as usize)).unwrap();
+        st.my_psn = (entropy() & 0xff_ffff) as u32;
+        // RDMA_MAX_RESP_RES / RDMA_MAX_INIT_DEPTH (0xff): the device's.
+        st.responder_resources = p.responder_resources.min(MAX_RD_ATOMIC);
+        st.initiator_depth = p.initiator_depth.min(MAX_RD_ATOMIC);
+        st.retry_count = p.retry_count.min(7);
+        st.rnr_retry_count = p.rnr_retry_count.min(7);
+        let params = ConnectParams::rdma_cm(&RdmaCmConnect {
+            src,
+            dst,
+            port_space: ps as u16,
+            qpn,
+            starting_psn: st.my_psn,
+            responder_resources: st.responder_resources,
+            initiator_depth: st.initiator_depth,
+            retry_count: st.retry_count,
+            rnr_retry_count: st.rnr_retry_count,
+            srq: p.srq != 0,
+            path_mtu: mtu_code(mtu) as u8,
+            traffic_class: st.tos,
+            ack_timeout: st.ack_timeout,
+            private_data: &user,
+        })
+        .ok_or(libc::EINVAL)?;
+        let comm = cm.devs[dev].agent.connect(now, &params);
+        cm.by_conn.insert((dev, comm), id as usize);
+        cm.ids.get_mut(&(id as usize)).unwrap().conn = Some((dev, comm));
+        Ok(sync.then_some(done))
     })
 }
 
@@ -1771,148 +1764,149 @@ const MAX_RD_ATOMIC: u8 = 16;
 /// `id` is an id.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_int {
-    guard(-1, || {
-        if !live_id(id) {
-            return err(libc::EINVAL);
-        }
-        // SAFETY: a live id of ours.
-        let ps = unsafe { (*id).ps };
-        let r = with_cm(|cm| -> Result<(), c_int> {
-            if cm.ids[&(id as usize)].src.is_none() {
-                bind(cm, id, SocketAddr::new(IpAddr::from([0u8; 4]), 0))?;
+    id_call(id, |cm| {
+        listen(cm, id).inspect_err(|&e| {
+            if trace() {
+                let e = std::io::Error::from_raw_os_error(e);
+                eprintln!("rdma-xdp cm: rdma_listen: {e}");
             }
-            let st = &cm.ids[&(id as usize)];
-            let src = st.src.unwrap();
-            if !st.listens.is_empty() {
-                return Ok(());
-            }
-            let devs: Vec<usize> = match st.dev {
-                Some(d) => vec![d],
-                None => {
-                    let mut v = Vec::new();
-                    for (nd, addrs) in devices_with_addrs() {
-                        if !addrs.is_empty() {
-                            v.push(cm.dev(&nd)?);
-                        }
-                    }
-                    v
-                }
-            };
-            if devs.is_empty() {
-                return Err(libc::ENODEV);
-            }
-            let svc = service_id(ps as u16, src.port());
-            let mut got = Vec::new();
-            for d in devs {
-                match cm.devs[d].agent.listen(svc) {
-                    Ok(h) => got.push((d, h)),
-                    Err(_) => {
-                        for (d, h) in got {
-                            cm.devs[d].agent.unlisten(h);
-                        }
-                        return Err(libc::EADDRINUSE);
-                    }
-                }
-            }
-            for &(d, h) in &got {
-                cm.by_listener.insert((d, h), id as usize);
-            }
-            cm.ids.get_mut(&(id as usize)).unwrap().listens = got;
-            Ok(())
-        });
-        match r {
-            Ok(()) => 0,
-            Err(e) => {
-                if trace() {
-                    eprintln!(
-                        "rdma-xdp cm: rdma_listen: {}",
-                        std::io::Error::from_raw_os_error(e)
-                    );
-                }
-                err(e)
-            }
-        }
+        })
     })
+}
+
+/// Listens on the id's address: its device, or every device for a
+/// wildcard (bound to an ephemeral port first if it is not bound).
+fn listen(cm: &mut Cm, id: *mut rdma_cm_id) -> Result<(), c_int> {
+    // SAFETY: a live id of ours.
+    let ps = unsafe { (*id).ps };
+    if cm.ids[&(id as usize)].src.is_none() {
+        bind(cm, id, SocketAddr::new(IpAddr::from([0u8; 4]), 0))?;
+    }
+    let st = &cm.ids[&(id as usize)];
+    let src = st.src.unwrap();
+    if !st.listens.is_empty() {
+        return Ok(());
+    }
+    let devs: Vec<usize> = match st.dev {
+        Some(d) => vec![d],
+        None => {
+            let mut v = Vec::new();
+            for (nd, addrs) in devices_with_addrs() {
+                if !addrs.is_empty() {
+                    v.push(cm.dev(&nd)?);
+                }
+            }
+            v
+        }
+    };
+    if devs.is_empty() {
+        return Err(libc::ENODEV);
+    }
+    let svc = service_id(ps as u16, src.port());
+    let mut got = Vec::new();
+    for d in devs {
+        match cm.devs[d].agent.listen(svc) {
+            Ok(h) => got.push((d, h)),
+            Err(_) => {
+                for (d, h) in got {
+                    cm.devs[d].agent.unlisten(h);
+                }
+                return Err(libc::EADDRINUSE);
+            }
+        }
+    }
+    for &(d, h) in &got {
+        cm.by_listener.insert((d, h), id as usize);
+    }
+    cm.ids.get_mut(&(id as usize)).unwrap().listens = got;
+    Ok(())
 }
 
 /// # Safety
 /// `id` is an id from a CONNECT_REQUEST; `param` NULL or parameters.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
+    let p = conn_param_or_default(param);
+    sync_call(id, |cm| {
+        // SAFETY: a live id of ours (sync_call checked).
+        let (ps, qp) = unsafe { ((*id).ps, (*id).qp) };
+        let now = cm.now();
+        let st = &cm.ids[&(id as usize)];
+        let Some((dev, comm)) = st.conn else {
+            return Err(libc::EINVAL);
+        };
+        let sync = st.sync;
+        let qpn = qpn_of(qp, &p);
+        if ps == RDMA_PS_UDP {
+            let user = private(p.private_data, p.private_data_len, SIDR_REP_PRIVATE_LEN)?;
+            let mut pd = [0u8; SIDR_REP_PRIVATE_LEN];
+            pd[..user.len()].copy_from_slice(&user);
+            let svc = st.sidr_service;
+            cm.devs[dev]
+                .agent
+                .sidr_reply(comm, sidr::SUCCESS, qpn, RDMA_UDP_QKEY, svc, pd)
+                .map_err(|_| libc::EINVAL)?;
+            cm.by_conn.remove(&(dev, comm));
+            cm.ids.get_mut(&(id as usize)).unwrap().conn = None;
+            return Ok(None);
+        }
+        let Some(req) = st.req else {
+            return Err(libc::EINVAL);
+        };
+        let user = private(p.private_data, p.private_data_len, REP_PRIVATE_LEN)?;
+        let st = cm.ids.get_mut(&(id as usize)).unwrap();
+        st.my_psn = (entropy() & 0xff_ffff) as u32;
+        // As librdmacm: without parameters, or with RDMA_MAX_RESP_RES /
+        // RDMA_MAX_INIT_DEPTH (0xff), what the request offered (within
+        // the device's limit); else the program's values.
+        st.responder_resources = match p.responder_resources {
+            0xff => req.initiator_depth,
+            r => r,
+        }
+        .min(MAX_RD_ATOMIC);
+        st.initiator_depth = match p.initiator_depth {
+            0xff => req.responder_resources,
+            d => d,
+        }
+        .min(MAX_RD_ATOMIC);
+        let (psn, rr, id_) = (st.my_psn, st.responder_resources, st.initiator_depth);
+        if !qp.is_null() {
+            cm.modify(id, IBV_QPS_RTR)?;
+            cm.modify(id, IBV_QPS_RTS)?;
+        }
+        let mut pd = [0u8; REP_PRIVATE_LEN];
+        pd[..user.len()].copy_from_slice(&user);
+        let a = AcceptParams {
+            qpn,
+            starting_psn: psn,
+            responder_resources: rr,
+            initiator_depth: id_,
+            rnr_retry_count: p.rnr_retry_count.min(7),
+            // SAFETY: a live id of ours.
+            srq: p.srq != 0 || !unsafe { (*id).srq }.is_null(),
+            private_data: pd,
+        };
+        cm.devs[dev]
+            .agent
+            .accept(now, comm, &a)
+            .map_err(|_| libc::EINVAL)?;
+        Ok(sync.then_some(RDMA_CM_EVENT_ESTABLISHED))
+    })
+}
+
+/// A call on a live id: runs `f` on the CM; 0, or -1 with errno. When `f`
+/// names an event (a synchronous id), waits for it first (`wait_sync`).
+fn sync_call(
+    id: *mut rdma_cm_id,
+    f: impl FnOnce(&mut Cm) -> Result<Option<c_int>, c_int>,
+) -> c_int {
     guard(-1, || {
         if !live_id(id) {
             return err(libc::EINVAL);
         }
-        // SAFETY: the caller's parameters.
-        let p = conn_param_or_default(param);
-        // SAFETY: a live id of ours.
-        let (ps, qp) = unsafe { ((*id).ps, (*id).qp) };
-        let r = with_cm(|cm| -> Result<bool, c_int> {
-            let now = cm.now();
-            let st = &cm.ids[&(id as usize)];
-            let Some((dev, comm)) = st.conn else {
-                return Err(libc::EINVAL);
-            };
-            let sync = st.sync;
-            let qpn = qpn_of(qp, &p);
-            if ps == RDMA_PS_UDP {
-                let user = private(p.private_data, p.private_data_len, SIDR_REP_PRIVATE_LEN)?;
-                let mut pd = [0u8; SIDR_REP_PRIVATE_LEN];
-                pd[..user.len()].copy_from_slice(&user);
-                let svc = st.sidr_service;
-                cm.devs[dev]
-                    .agent
-                    .sidr_reply(comm, sidr::SUCCESS, qpn, RDMA_UDP_QKEY, svc, pd)
-                    .map_err(|_| libc::EINVAL)?;
-                cm.by_conn.remove(&(dev, comm));
-                cm.ids.get_mut(&(id as usize)).unwrap().conn = None;
-                return Ok(false);
-            }
-            let Some(req) = st.req else {
-                return Err(libc::EINVAL);
-            };
-            let user = private(p.private_data, p.private_data_len, REP_PRIVATE_LEN)?;
-            let st = cm.ids.get_mut(&(id as usize)).unwrap();
-            st.my_psn = (entropy() & 0xff_ffff) as u32;
-            // As librdmacm: without parameters, or with RDMA_MAX_RESP_RES /
-            // RDMA_MAX_INIT_DEPTH (0xff), what the request offered (within
-            // the device's limit); else the program's values.
-            st.responder_resources = match p.responder_resources {
-                0xff => req.initiator_depth,
-                r => r,
-            }
-            .min(MAX_RD_ATOMIC);
-            st.initiator_depth = match p.initiator_depth {
-                0xff => req.responder_resources,
-                d => d,
-            }
-            .min(MAX_RD_ATOMIC);
-            let (psn, rr, id_) = (st.my_psn, st.responder_resources, st.initiator_depth);
-            if !qp.is_null() {
-                cm.modify(id, IBV_QPS_RTR)?;
-                cm.modify(id, IBV_QPS_RTS)?;
-            }
-            let mut pd = [0u8; REP_PRIVATE_LEN];
-            pd[..user.len()].copy_from_slice(&user);
-            let a = AcceptParams {
-                qpn,
-                starting_psn: psn,
-                responder_resources: rr,
-                initiator_depth: id_,
-                rnr_retry_count: p.rnr_retry_count.min(7),
-                // SAFETY: a live id of ours.
-                srq: p.srq != 0 || !unsafe { (*id).srq }.is_null(),
-                private_data: pd,
-            };
-            cm.devs[dev]
-                .agent
-                .accept(now, comm, &a)
-                .map_err(|_| libc::EINVAL)?;
-            Ok(sync)
-        });
-        match r {
-            Ok(true) => wait_sync(id, RDMA_CM_EVENT_ESTABLISHED),
-            Ok(false) => 0,
+        match with_cm(f) {
+            Ok(Some(ok)) => wait_sync(id, ok),
+            Ok(None) => 0,
             Err(e) => err(e),
         }
     })
@@ -1920,15 +1914,7 @@ pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_
 
 /// A call on a live id that changes CM state only: 0, or -1 with errno.
 fn id_call(id: *mut rdma_cm_id, f: impl FnOnce(&mut Cm) -> Result<(), c_int>) -> c_int {
-    guard(-1, || {
-        if !live_id(id) {
-            return err(libc::EINVAL);
-        }
-        match with_cm(f) {
-            Ok(()) => 0,
-            Err(e) => err(e),
-        }
-    })
+    sync_call(id, |cm| f(cm).map(|()| None))
 }
 
 /// The id's connection: (device, comm id).
