@@ -344,7 +344,9 @@ fn connections_through_five_percent_loss_complete_by_mad_retries() {
 }
 
 /// 1500 connect/disconnect cycles, each with its own id, QP and synchronous
-/// channel (a C program against Debian's librdmacm-dev, `data/cm_cycles.c`):
+/// channel (a C program against Debian's librdmacm-dev, `data/cm_cycles.c`;
+/// every other cycle through rdma_create_id and rdma_create_qp without CQs,
+/// which rdma_destroy_qp must free):
 /// the descriptors the program holds do not grow, and a leaked QP would
 /// have hit the device's limit of 1024 before the end.
 #[test]
@@ -382,7 +384,11 @@ fn connect_disconnect_cycles_leak_nothing() {
             .unwrap_or_else(|| panic!("no result line:\n{out}"));
         let fds: Vec<&str> = line.split_whitespace().collect();
         // "... descriptors after 10 N, at the end M"
-        let (early, end) = (fds[fds.len() - 5].trim_end_matches(','), fds[fds.len() - 1]);
-        assert_eq!(early, end, "descriptors grew: {line}");
+        let num = |w: &str| w.trim_end_matches(',').parse::<usize>().unwrap();
+        let (early, end) = (num(fds[fds.len() - 5]), num(fds[fds.len() - 1]));
+        // A leak per cycle would add 1500. One or two may be open for a
+        // moment at either sample (the CM thread's netlink socket while it
+        // looks up a neighbour).
+        assert!(end <= early + 2, "descriptors grew: {line}");
     }
 }

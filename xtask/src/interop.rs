@@ -35,6 +35,11 @@ pub(crate) struct Case {
     /// as perftest's server), and rxe's too where rxe prints one.
     pub(crate) result: Option<(usize, u32)>,
     pub(crate) ours_print_result: bool,
+    /// The server serves until stopped (cmtime, qperf): it is stopped once
+    /// the client is done, and only the client's output is judged, which
+    /// must not mention a failure either (cmtime reports a failed step on
+    /// stderr and still exits 0).
+    pub(crate) server_serves_on: bool,
 }
 
 impl Case {
@@ -646,6 +651,7 @@ pub(crate) fn pingpong_case(prefix: &str, s: usize, n: u32, rxe_server: bool, v6
         rxe_ok: format!("{n} iters in"),
         result: None,
         ours_print_result: false,
+        server_serves_on: false,
     }
 }
 
@@ -683,6 +689,7 @@ pub(crate) fn perf_case(
         .into(),
         result: Some((size.unwrap_or(8), n)),
         ours_print_result: rxe_server || !matches!(tool, "read_lat" | "atomic_lat"),
+        server_serves_on: false,
     }
 }
 
@@ -812,14 +819,16 @@ pub(crate) fn library_cases(quick: bool) -> Vec<Case> {
 /// librdmacm. Every name starts with "cm: " (`cargo xtask interop --only
 /// cm`).
 pub(crate) fn cm_cases(quick: bool) -> Vec<Case> {
-    // (name, server command, client command; {srv} is the server's address,
-    // ok text, perftest result (bytes, iterations)).
+    // (name, server command, client command; {srv} is the server's
+    // address, ok text, perftest result (bytes, iterations), the server
+    // serves until stopped).
     type Tool = (
         &'static str,
         &'static str,
         &'static str,
         &'static str,
         Option<(usize, u32)>,
+        bool,
     );
     let tools: Vec<Tool> = if quick {
         vec![(
@@ -828,6 +837,7 @@ pub(crate) fn cm_cases(quick: bool) -> Vec<Case> {
             "rping -c -a {srv} -C 100 -V -S 4096",
             "",
             None,
+            false,
         )]
     } else {
         vec![
@@ -837,6 +847,7 @@ pub(crate) fn cm_cases(quick: bool) -> Vec<Case> {
                 "rping -c -a {srv} -C 200 -V -S 4096",
                 "",
                 None,
+                false,
             ),
             (
                 "ucmatose -c 10",
@@ -844,6 +855,7 @@ pub(crate) fn cm_cases(quick: bool) -> Vec<Case> {
                 "ucmatose -s {srv} -c 10",
                 "return status 0",
                 None,
+                false,
             ),
             (
                 "udaddy",
@@ -851,6 +863,7 @@ pub(crate) fn cm_cases(quick: bool) -> Vec<Case> {
                 "udaddy -s {srv}",
                 "return status 0",
                 None,
+                false,
             ),
             (
                 "rdma_server/rdma_client",
@@ -858,6 +871,7 @@ pub(crate) fn cm_cases(quick: bool) -> Vec<Case> {
                 "rdma_client -s {srv}",
                 "end 0",
                 None,
+                false,
             ),
             (
                 "ib_write_lat -R -s 64 -n 200",
@@ -865,6 +879,7 @@ pub(crate) fn cm_cases(quick: bool) -> Vec<Case> {
                 "ib_write_lat -R -s 64 -n 200 {srv}",
                 "",
                 Some((64, 200)),
+                false,
             ),
             (
                 "ib_read_bw -R -s 65536 -n 100",
@@ -872,6 +887,7 @@ pub(crate) fn cm_cases(quick: bool) -> Vec<Case> {
                 "ib_read_bw -R -s 65536 -n 100 {srv}",
                 "",
                 Some((65536, 100)),
+                false,
             ),
             (
                 "ib_send_bw -R -s 4096 -n 200",
@@ -879,6 +895,23 @@ pub(crate) fn cm_cases(quick: bool) -> Vec<Case> {
                 "ib_send_bw -R -s 4096 -n 200 {srv}",
                 "",
                 Some((4096, 200)),
+                false,
+            ),
+            (
+                "cmtime -c 100",
+                "cmtime -c 100",
+                "cmtime -s {srv} -c 100",
+                "disconnect",
+                None,
+                true,
+            ),
+            (
+                "qperf -cm1 rc_lat rc_bw",
+                "qperf",
+                "qperf -cm1 -t 2 {srv} rc_lat rc_bw",
+                "rc_bw:",
+                None,
+                true,
             ),
             (
                 "IPv6: rping -C 50 -V -S 1024",
@@ -886,6 +919,7 @@ pub(crate) fn cm_cases(quick: bool) -> Vec<Case> {
                 "rping -c -a {srv6} -C 50 -V -S 1024",
                 "",
                 None,
+                false,
             ),
             (
                 "IPv6: ucmatose -c 4",
@@ -893,11 +927,12 @@ pub(crate) fn cm_cases(quick: bool) -> Vec<Case> {
                 "ucmatose -s {srv6} -c 4",
                 "return status 0",
                 None,
+                false,
             ),
         ]
     };
     let mut v = Vec::new();
-    for (name, server, client, ok, result) in tools {
+    for (name, server, client, ok, result, serves_on) in tools {
         for rxe_server in [true, false] {
             let (srv, srv6) = if rxe_server {
                 ("10.99.0.2", "fd99::2")
@@ -922,6 +957,41 @@ pub(crate) fn cm_cases(quick: bool) -> Vec<Case> {
                 rxe_ok: ok.into(),
                 result,
                 ours_print_result: result.is_some(),
+                server_serves_on: serves_on,
+            });
+        }
+    }
+    if !quick {
+        // A REQ for a port nobody listens on (7999), while a listener runs
+        // on rping's port: REJ reason 8, "invalid service id", both ways.
+        let rejected = |srv: &str| {
+            format!(
+                "rping -c -a {srv} -p 7999 -C 1 2>&1 | grep -q 'RDMA_CM_EVENT_REJECTED, error 8' && echo rejected-8"
+            )
+        };
+        for rxe_server in [true, false] {
+            let srv = if rxe_server { "10.99.0.2" } else { "10.99.0.1" };
+            let listener = format!("rping -s -a {srv} -C 1");
+            let (rxe, ours) = if rxe_server {
+                (listener, rejected(srv))
+            } else {
+                (rejected(srv), listener)
+            };
+            let mut ours_args = library_ours("sh -c", None);
+            ours_args.push(ours);
+            v.push(Case {
+                name: format!(
+                    "cm: a REQ to a port nobody listens on gets REJ 8, rxe {}",
+                    if rxe_server { "server" } else { "client" }
+                ),
+                rxe,
+                ours: ours_args,
+                rxe_server,
+                ours_ok: "rejected-8".into(),
+                rxe_ok: "rejected-8".into(),
+                result: None,
+                ours_print_result: false,
+                server_serves_on: true,
             });
         }
     }
@@ -1078,14 +1148,29 @@ pub(crate) fn run_case(lab: &Lab, bin: &str, c: &Case) -> Result<()> {
         // perftest's server listens after its device setup.
         std::thread::sleep(Duration::from_secs(2));
         let (ours, _) = run_bounded(&mut ours_cmd, OURS_TIMEOUT)?;
-        if !ours.status.success() {
+        if !ours.status.success() || c.server_serves_on {
             lab.kill(&job);
+        }
+        if c.server_serves_on {
+            return serving_client_ok(ours.status.success(), &ours.stdout, &ours.stderr, c)
+                .map_err(|e| e.context(format!("ours: {}", tail(&ours))));
         }
         (ours, lab.wait(&job, RXE_TIMEOUT)?)
     } else {
         let ours = Bounded::spawn(&mut ours_cmd)?;
         std::thread::sleep(Duration::from_millis(1500));
         let rxe = lab.exec(VmId::A, &c.rxe, RXE_TIMEOUT)?;
+        if c.server_serves_on {
+            // Stopped at once: only the client is judged.
+            let _ = ours.wait(Duration::ZERO);
+            return serving_client_ok(
+                rxe.success(),
+                rxe.stdout.as_bytes(),
+                rxe.stderr.as_bytes(),
+                c,
+            )
+            .map_err(|e| e.context(format!("rxe: {}", guest_tail(&rxe))));
+        }
         (ours.wait(Duration::from_secs(30))?.0, rxe)
     };
     let o = String::from_utf8_lossy(&ours.stdout);
@@ -1099,6 +1184,24 @@ pub(crate) fn run_case(lab: &Lab, bin: &str, c: &Case) -> Result<()> {
         _ => {}
     }
     check_result_lines(c, &o, &rxe.stdout)
+}
+
+/// The client of a server that serves on: it exited 0, printed its ok
+/// text and mentioned no failure.
+fn serving_client_ok(exited_0: bool, stdout: &[u8], stderr: &[u8], c: &Case) -> Result<()> {
+    let out = String::from_utf8_lossy(stdout);
+    let err = String::from_utf8_lossy(stderr);
+    let ok = if c.rxe_server { &c.ours_ok } else { &c.rxe_ok };
+    if !exited_0 {
+        bail!("the client failed");
+    }
+    if !out.contains(ok.as_str()) {
+        bail!("the client's output lacks {ok:?}");
+    }
+    if let Some(l) = out.lines().chain(err.lines()).find(|l| l.contains("fail")) {
+        bail!("the client reports {l:?}");
+    }
+    Ok(())
 }
 
 /// The last meaningful line a guest command printed (stderr first).

@@ -12,6 +12,7 @@
 //! `netlab`, the rxe VMs from `rxevm`.
 
 mod bench;
+mod cmbench;
 mod congestion;
 mod demo;
 mod interop;
@@ -78,6 +79,19 @@ enum Cmd {
         /// Fewer iterations (a quick look, noisier numbers).
         #[arg(long)]
         quick: bool,
+        /// Instead: RDMA CM connection setup (cmtime, and cm_cycles'
+        /// per-connection percentiles), ours host to host and, on the rxe
+        /// VMs, rxe to rxe, ours to rxe and rxe to ours; writes
+        /// target/bench/cm.json and cm.md.
+        #[arg(long)]
+        cm: bool,
+        /// With --cm: connect/disconnect cycles per pair (default 2000,
+        /// 300 with --quick).
+        #[arg(long, requires = "cm")]
+        cycles: Option<u32>,
+        /// With --cm: host to host only, no VMs.
+        #[arg(long, requires = "cm")]
+        no_vm: bool,
     },
     /// Verified mixed RDMA workload through the seeded impairment relay:
     /// clean, 5 % loss, 5 % CE marks, 5 % reordering, 1 % duplication, 0.1 % corruption,
@@ -169,7 +183,13 @@ fn main() {
                 })
             }
         }),
-        Cmd::Bench { quick } => prereqs(true, false).and_then(|_| bench(quick)),
+        Cmd::Bench {
+            quick,
+            cm: true,
+            cycles,
+            no_vm,
+        } => prereqs(true, true).and_then(|_| cmbench::bench_cm(quick, cycles, !no_vm)),
+        Cmd::Bench { quick, .. } => prereqs(true, false).and_then(|_| bench(quick)),
         Cmd::Soak { ops, seed } => prereqs(true, false).and_then(|_| soak(ops, seed)),
         Cmd::Congestion(o) => prereqs(true, false).and_then(|_| congestion::congestion(&o)),
         Cmd::Run { release, args } => prereqs(false, false).and_then(|_| run(release, &args)),

@@ -306,10 +306,12 @@ pub unsafe extern "C" fn ibv_query_device(
     let guid = iface_mac(&c.dev.link.netdev).map(eui64).unwrap_or_default();
     a.node_guid = u64::from_ne_bytes(guid);
     a.sys_image_guid = a.node_guid;
-    a.max_mr_size = u64::MAX;
+    // What the data path enforces (device::datapath::Limits), not more.
+    let limits = rdma_user::device::datapath::Limits::default();
+    a.max_mr_size = limits.max_mr_len as u64;
     a.page_size_cap = 0xffff_f000;
     a.vendor_id = VENDOR_ID;
-    a.max_qp = 1024;
+    a.max_qp = limits.max_qp as c_int;
     a.max_qp_wr = 16384;
     a.device_cap_flags = IBV_DEVICE_BAD_PKEY_CNTR
         | IBV_DEVICE_BAD_QKEY_CNTR
@@ -318,16 +320,16 @@ pub unsafe extern "C" fn ibv_query_device(
         | IBV_DEVICE_SYS_IMAGE_GUID;
     a.max_sge = 32;
     a.max_sge_rd = 32;
-    a.max_cq = 16384;
+    a.max_cq = limits.max_cq as c_int;
     a.max_cqe = 32767;
-    a.max_mr = 0x40000;
+    a.max_mr = limits.max_mr as c_int;
     a.max_pd = 0x7ff0;
     // The engine's limit: perftest's READ and atomic tests ask for it.
     a.max_qp_rd_atom = rdma_user::transport::MAX_RD_ATOMIC as c_int;
     a.max_res_rd_atom = a.max_qp_rd_atom * a.max_qp;
     a.max_qp_init_rd_atom = a.max_qp_rd_atom;
     a.atomic_cap = IBV_ATOMIC_HCA;
-    a.max_ah = 0x3ffe;
+    a.max_ah = limits.max_ah as c_int;
     a.max_pkeys = 1;
     a.local_ca_ack_delay = 15;
     a.phys_port_cnt = 1;

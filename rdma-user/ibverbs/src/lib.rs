@@ -31,6 +31,12 @@ pub(crate) fn set_errno(e: i32) {
     unsafe { *libc::__errno_location() = e };
 }
 
+/// This thread's errno (what a failed verb of ours left there).
+pub(crate) fn errno() -> i32 {
+    // SAFETY: __errno_location returns this thread's errno slot.
+    unsafe { *libc::__errno_location() }
+}
+
 /// Runs `f`, turning a panic into `on_panic` (with errno EIO): a Rust panic
 /// must not unwind into C.
 pub(crate) fn guard<T>(on_panic: T, f: impl FnOnce() -> T) -> T {

@@ -711,6 +711,9 @@ unsafe fn create_qp(
         let qp_type = match a.qp_type {
             IBV_QPT_RC => QpType::Rc,
             IBV_QPT_UD => QpType::Ud,
+            // SMI and GSI (0, 1) are the kernel's own: uverbs refuses them
+            // with EINVAL (rxe measured); other types this device lacks.
+            0 | 1 => return err_ptr(libc::EINVAL),
             _ => return err_ptr(libc::EOPNOTSUPP),
         };
         if qp_type == QpType::Ud && send_ops.is_some() {

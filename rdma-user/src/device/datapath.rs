@@ -285,7 +285,9 @@ impl Default for Limits {
             max_qp: 1024,
             max_ah: 0x3ffe,
             max_mr: 1024,
-            max_cq: 256,
+            // rdma_create_qp without CQs makes two per QP (librdmacm's
+            // ucma_create_cqs): room for that at max_qp, and more.
+            max_cq: 4096,
             max_mr_len: 1 << 30,
         }
     }

@@ -132,6 +132,36 @@ impl Agent {
         self.call("guest-ping", Value::Null, within).is_ok()
     }
 
+    /// Writes `bytes` to `path` in the guest (created or truncated) with
+    /// the agent's file calls, then gives it `mode`: how a program built on
+    /// the host reaches the RAM-disk guest. The guest's libraries are the
+    /// host's (the image copies them), so a host binary runs there.
+    pub fn put_file(&self, path: &str, bytes: &[u8], mode: u32) -> Result<()> {
+        let t = Duration::from_secs(30);
+        let h = self.call("guest-file-open", json!({"path": path, "mode": "w"}), t)?;
+        let handle = h
+            .as_i64()
+            .ok_or_else(|| Error::Guest(format!("guest-file-open {path} answered {h}")))?;
+        // qemu-ga reads a request line of at most a few MB: 48 KiB chunks.
+        let written = bytes.chunks(48 << 10).try_for_each(|c| {
+            let b64 = base64::engine::general_purpose::STANDARD.encode(c);
+            self.call(
+                "guest-file-write",
+                json!({"handle": handle, "buf-b64": b64}),
+                t,
+            )
+            .map(drop)
+        });
+        let closed = self.call("guest-file-close", json!({ "handle": handle }), t);
+        written?;
+        closed?;
+        let out = self.exec(&format!("chmod {mode:o} {path}"), t)?;
+        if !out.success() {
+            return Err(Error::Guest(format!("chmod {path}: {}", out.stderr.trim())));
+        }
+        Ok(())
+    }
+
     /// Starts `argv` in the guest; returns its guest PID.
     fn start(&self, argv: &[&str], capture: bool) -> Result<u64> {
         let r = self.call(

@@ -8,7 +8,7 @@
 //!   the modules the guest loads.
 //! - User space: Debian's dynamic busybox as init and shell, and the
 //!   binaries of rdma-core (libibverbs, librdmacm, the rxe provider),
-//!   ibverbs-utils, rdmacm-utils, perftest, iproute2, tcpdump and
+//!   ibverbs-utils, rdmacm-utils, perftest, qperf, iproute2, tcpdump and
 //!   qemu-guest-agent with every library `ldd` names, copied from the
 //!   packages installed on the host.
 //!
@@ -37,7 +37,7 @@ const KERNEL_META: &str = "linux-image-6.12-amd64";
 
 /// Installed on the host: the guest's binaries are copied from these, and
 /// the host needs depmod (kmod), xz and tcpdump itself.
-const HOST_PKGS: [&str; 8] = [
+const HOST_PKGS: [&str; 9] = [
     "kmod",
     "xz-utils",
     "iproute2",
@@ -46,17 +46,19 @@ const HOST_PKGS: [&str; 8] = [
     "ibverbs-providers",
     "rdmacm-utils",
     "perftest",
+    "qperf",
 ];
 
 /// Every program these packages put in a bin directory goes into the guest.
 const GUEST_TOOL_PKGS: [&str; 3] = ["ibverbs-utils", "rdmacm-utils", "perftest"];
 
 /// And these single programs, found in their package's file list.
-const GUEST_PROGRAMS: [(&str, &str); 4] = [
+const GUEST_PROGRAMS: [(&str, &str); 5] = [
     ("iproute2", "ip"),
     ("iproute2", "rdma"),
     ("iproute2", "ss"),
     ("tcpdump", "tcpdump"),
+    ("qperf", "qperf"),
 ];
 
 /// Libraries programs open at run time, which `ldd` cannot see: the rxe

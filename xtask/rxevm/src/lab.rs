@@ -324,6 +324,12 @@ impl Lab {
         self.vm(id)?.agent.exec(cmd, timeout)
     }
 
+    /// Copies a host file into VM `id` at `guest_path`, with `mode`.
+    pub fn put_file(&self, id: VmId, host_path: &Path, guest_path: &str, mode: u32) -> Result<()> {
+        let bytes = fs::read(host_path).map_err(io_err(format!("read {}", host_path.display())))?;
+        self.vm(id)?.agent.put_file(guest_path, &bytes, mode)
+    }
+
     /// Starts `cmd` in the background in VM `id`, in a session of its own.
     pub fn spawn(&self, id: VmId, cmd: &str) -> Result<GuestJob> {
         let log = format!("/tmp/job-{}.log", JOBS.fetch_add(1, Ordering::Relaxed));

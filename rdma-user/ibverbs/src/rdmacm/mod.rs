@@ -38,7 +38,7 @@ use rdma_user::wire::RoceRepr;
 use crate::device::{gid_table, our_context};
 use crate::ffi::*;
 use crate::verbs::Live;
-use crate::{guard, set_errno};
+use crate::{errno, guard, set_errno};
 use addr::*;
 
 /// Returns -1 with errno `e` (librdmacm's convention).
@@ -343,7 +343,6 @@ struct IdState {
     /// rdma_create_ep on a passive id: the QP each request gets.
     ep_init: Option<(ibv_qp_init_attr, *mut ibv_pd)>,
     own_pd: bool,
-    own_cqs: bool,
 }
 
 impl IdState {
@@ -1046,7 +1045,6 @@ fn id_state(sync: bool) -> IdState {
         path_rec: Box::new(zeroed_path_rec()),
         ep_init: None,
         own_pd: false,
-        own_cqs: false,
     }
 }
 
@@ -1502,14 +1500,15 @@ fn create_qp(id: *mut rdma_cm_id, pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) 
         return err(libc::EINVAL);
     }
     // As librdmacm: the QP is made from a copy of the caller's attributes
-    // (CQs filled in there), and only the capabilities go back.
+    // with the CQs rdma_cm makes filled in, and the copy goes back (so a
+    // reused attr carries this QP's CQs, as with rdma-core).
     // SAFETY: a live id of ours; the caller's attr.
     let (verbs, mut local) = unsafe { ((*id).verbs, *attr) };
     if verbs.is_null() {
         return err(libc::EINVAL);
     }
     let a = &mut local;
-    let (mut own_pd, mut own_cqs) = (false, false);
+    let mut own_pd = false;
     let pd = if pd.is_null() {
         // SAFETY: a live id of ours.
         let have = unsafe { (*id).pd };
@@ -1527,62 +1526,139 @@ fn create_qp(id: *mut rdma_cm_id, pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) 
     } else {
         pd
     };
-    if a.send_cq.is_null() || a.recv_cq.is_null() {
-        // rdma_cm makes the CQs (with completion channels) the id lacks.
-        // SAFETY: our context; the channels and CQs are the id's.
-        unsafe {
-            let make = move |n: u32| -> (*mut ibv_comp_channel, *mut ibv_cq) {
-                let ch = crate::verbs::ibv_create_comp_channel(verbs);
-                let cq =
-                    crate::verbs::ibv_create_cq(verbs, n.max(1) as c_int, id as *mut c_void, ch, 0);
-                (ch, cq)
-            };
-            if a.send_cq.is_null() {
-                let (ch, cq) = make(a.cap.max_send_wr);
-                (*id).send_cq_channel = ch;
-                (*id).send_cq = cq;
-                a.send_cq = cq;
-            }
-            if a.recv_cq.is_null() {
-                let (ch, cq) = make(a.cap.max_recv_wr);
-                (*id).recv_cq_channel = ch;
-                (*id).recv_cq = cq;
-                a.recv_cq = cq;
-            }
+    // SAFETY: our context and a live id of ours.
+    let made = unsafe { fill_id_cqs(verbs, id, (&mut a.send_cq, &mut a.recv_cq), a.cap) };
+    let qp = made.and_then(|()| {
+        // SAFETY: our PD and the local copy of the attributes.
+        let q = unsafe { crate::verbs::ibv_create_qp(pd, a) };
+        if q.is_null() {
+            Err(errno())
+        } else {
+            Ok(q)
         }
-        own_cqs = true;
-    }
-    // SAFETY: our PD and the local copy of the attributes.
-    let qp = unsafe { crate::verbs::ibv_create_qp(pd, a) };
-    if qp.is_null() {
-        return -1;
-    }
+    });
+    let qp = match qp {
+        Ok(q) => q,
+        Err(e) => {
+            // SAFETY: a live id of ours; the PD we made has nothing in it.
+            unsafe {
+                destroy_id_cqs(id);
+                if own_pd {
+                    crate::verbs::ibv_dealloc_pd(pd);
+                }
+            }
+            return err(e);
+        }
+    };
     // SAFETY: the caller's attr.
-    unsafe { (*attr).cap = a.cap };
+    unsafe { *attr = *a };
     // SAFETY: a live id of ours.
     unsafe {
         (*id).qp = qp;
         (*id).pd = pd;
-        (*id).send_cq = a.send_cq;
-        (*id).recv_cq = a.recv_cq;
         (*id).srq = a.srq;
     }
     let r = with_cm(|cm| {
         if let Some(st) = cm.ids.get_mut(&(id as usize)) {
             st.own_pd |= own_pd;
-            st.own_cqs |= own_cqs;
         }
         init_qp(cm, id)
     });
     if let Err(e) = r {
-        // SAFETY: the QP we just made.
+        // SAFETY: the QP we just made, and the id's CQs.
         unsafe {
             crate::verbs::ibv_destroy_qp(qp);
             (*id).qp = ptr::null_mut();
+            destroy_id_cqs(id);
         }
         return err(e);
     }
     0
+}
+
+/// rdma_cm makes the CQs (with completion channels) a QP's attributes
+/// lack; they are the id's (id->send_cq, id->recv_cq) and go with its QP.
+/// Fills them into `cqs` (send, recv).
+///
+/// # Safety
+/// `verbs` is our context and `id` a live id of ours.
+unsafe fn fill_id_cqs(
+    verbs: *mut ibv_context,
+    id: *mut rdma_cm_id,
+    cqs: (&mut *mut ibv_cq, &mut *mut ibv_cq),
+    cap: ibv_qp_cap,
+) -> Result<(), c_int> {
+    // SAFETY: as the caller promises.
+    unsafe {
+        make_id_cq(verbs, id, cqs.0.is_null(), cap.max_send_wr, true)?;
+        make_id_cq(verbs, id, cqs.1.is_null(), cap.max_recv_wr, false)?;
+        if cqs.0.is_null() {
+            *cqs.0 = (*id).send_cq;
+        }
+        if cqs.1.is_null() {
+            *cqs.1 = (*id).recv_cq;
+        }
+    }
+    Ok(())
+}
+
+/// Makes one of the id's CQs with its completion channel, if `want`.
+///
+/// # Safety
+/// `verbs` is our context and `id` a live id of ours.
+unsafe fn make_id_cq(
+    verbs: *mut ibv_context,
+    id: *mut rdma_cm_id,
+    want: bool,
+    depth: u32,
+    send: bool,
+) -> Result<(), c_int> {
+    if !want {
+        return Ok(());
+    }
+    // SAFETY: as the caller promises.
+    unsafe {
+        let ch = crate::verbs::ibv_create_comp_channel(verbs);
+        if ch.is_null() {
+            return Err(errno());
+        }
+        let (cq_slot, ch_slot) = if send {
+            (&mut (*id).send_cq, &mut (*id).send_cq_channel)
+        } else {
+            (&mut (*id).recv_cq, &mut (*id).recv_cq_channel)
+        };
+        *ch_slot = ch;
+        let cq =
+            crate::verbs::ibv_create_cq(verbs, depth.max(1) as c_int, id as *mut c_void, ch, 0);
+        if cq.is_null() {
+            return Err(errno());
+        }
+        *cq_slot = cq;
+    }
+    Ok(())
+}
+
+/// Frees the CQs and channels rdma_create_qp made for the id (librdmacm's
+/// ucma_destroy_cqs): the id's CQ fields are set only for those.
+///
+/// # Safety
+/// `id` is a live id of ours whose QP is gone.
+unsafe fn destroy_id_cqs(id: *mut rdma_cm_id) {
+    // SAFETY: as the caller promises.
+    unsafe {
+        for cq in [&mut (*id).send_cq, &mut (*id).recv_cq] {
+            if !cq.is_null() {
+                crate::verbs::ibv_destroy_cq(*cq);
+                *cq = ptr::null_mut();
+            }
+        }
+        for ch in [&mut (*id).send_cq_channel, &mut (*id).recv_cq_channel] {
+            if !ch.is_null() {
+                crate::verbs::ibv_destroy_comp_channel(*ch);
+                *ch = ptr::null_mut();
+            }
+        }
+    }
 }
 
 /// # Safety
@@ -1617,26 +1693,39 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
             a.pd = unsafe { (*id).pd };
             a.comp_mask |= IBV_QP_INIT_ATTR_PD;
         }
-        // SAFETY: our context and the caller's attr.
-        let qp = unsafe { crate::verbs::create_qp_ex(verbs, attr) };
-        if qp.is_null() {
-            return -1;
-        }
+        // SAFETY: our context and a live id of ours.
+        let made = unsafe { fill_id_cqs(verbs, id, (&mut a.send_cq, &mut a.recv_cq), a.cap) };
+        let qp = made.and_then(|()| {
+            // SAFETY: our context and the caller's attr.
+            let q = unsafe { crate::verbs::create_qp_ex(verbs, attr) };
+            if q.is_null() {
+                Err(errno())
+            } else {
+                Ok(q)
+            }
+        });
+        let qp = match qp {
+            Ok(q) => q,
+            Err(e) => {
+                // SAFETY: a live id of ours.
+                unsafe { destroy_id_cqs(id) };
+                return err(e);
+            }
+        };
         // SAFETY: a live id of ours.
         unsafe {
             (*id).qp = qp;
             (*id).pd = a.pd;
-            (*id).send_cq = a.send_cq;
-            (*id).recv_cq = a.recv_cq;
             (*id).srq = a.srq;
         }
         match with_cm(|cm| init_qp(cm, id)) {
             Ok(()) => 0,
             Err(e) => {
-                // SAFETY: the QP we just made.
+                // SAFETY: the QP we just made, and the id's CQs.
                 unsafe {
                     crate::verbs::ibv_destroy_qp(qp);
                     (*id).qp = ptr::null_mut();
+                    destroy_id_cqs(id);
                 }
                 err(e)
             }
@@ -1652,12 +1741,13 @@ pub unsafe extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
         if !live_id(id) {
             return;
         }
-        // SAFETY: a live id of ours and its QP.
+        // SAFETY: a live id of ours, its QP and the CQs made for it.
         unsafe {
             if !(*id).qp.is_null() {
                 crate::verbs::ibv_destroy_qp((*id).qp);
                 (*id).qp = ptr::null_mut();
             }
+            destroy_id_cqs(id);
         }
     })
 }
@@ -2239,26 +2329,11 @@ pub unsafe extern "C" fn rdma_destroy_ep(id: *mut rdma_cm_id) {
         if !live_id(id) {
             return;
         }
-        let (own_pd, own_cqs) = with_cm(|cm| {
-            let st = &cm.ids[&(id as usize)];
-            (st.own_pd, st.own_cqs)
-        });
-        // SAFETY: a live id of ours and what it owns.
+        let own_pd = with_cm(|cm| cm.ids[&(id as usize)].own_pd);
+        // SAFETY: a live id of ours and what it owns (rdma_destroy_qp
+        // frees the CQs made for it).
         unsafe {
             rdma_destroy_qp(id);
-            if own_cqs {
-                for (cq, ch) in [
-                    ((*id).send_cq, (*id).send_cq_channel),
-                    ((*id).recv_cq, (*id).recv_cq_channel),
-                ] {
-                    if !cq.is_null() {
-                        crate::verbs::ibv_destroy_cq(cq);
-                    }
-                    if !ch.is_null() {
-                        crate::verbs::ibv_destroy_comp_channel(ch);
-                    }
-                }
-            }
             if own_pd && !(*id).pd.is_null() {
                 crate::verbs::ibv_dealloc_pd((*id).pd);
             }
