@@ -149,6 +149,14 @@ enum VmCmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
         cmd: Vec<String>,
     },
+    /// Copy a host file into a running VM (executable: mode 755), e.g. a
+    /// program built on the host (the guest's libraries are the host's).
+    Put {
+        #[arg(short, long, default_value = "a")]
+        vm: String,
+        host_path: std::path::PathBuf,
+        guest_path: String,
+    },
     /// Stop every VM and remove the namespace.
     Stop,
 }
@@ -200,6 +208,11 @@ fn main() {
             VmCmd::Image => vm::image_cmd(),
             VmCmd::Start { vms } => vm::start(&vms),
             VmCmd::Exec { vm, timeout, cmd } => vm::exec(&vm, timeout, &cmd),
+            VmCmd::Put {
+                vm,
+                host_path,
+                guest_path,
+            } => vm::put(&vm, &host_path, &guest_path),
             VmCmd::Stop => vm::stop(),
         },
         Cmd::Setup { install } => prereqs(install, install),

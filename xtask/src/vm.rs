@@ -55,14 +55,31 @@ pub(crate) fn start(names: &[String]) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn exec(vm: &str, timeout: u64, cmd: &[String]) -> Result<()> {
+/// The guest agent of a running VM.
+fn running_agent(vm: &str) -> Result<Agent> {
     let s = Settings::from_env()?;
     let id = vm_ids(&[vm.to_string()])?[0];
     let socket = s.run.join(format!("{id}.qga"));
     if !socket.exists() {
         bail!("VM {id} is not running: start it with `cargo xtask vm start {id}`");
     }
-    let out = Agent::new(&socket).exec(&cmd.join(" "), Duration::from_secs(timeout))?;
+    Ok(Agent::new(&socket))
+}
+
+pub(crate) fn put(vm: &str, host_path: &std::path::Path, guest_path: &str) -> Result<()> {
+    let bytes =
+        std::fs::read(host_path).with_context(|| format!("read {}", host_path.display()))?;
+    running_agent(vm)?.put_file(guest_path, &bytes, 0o755)?;
+    println!(
+        "{} -> VM {vm}:{guest_path} ({} bytes)",
+        host_path.display(),
+        bytes.len()
+    );
+    Ok(())
+}
+
+pub(crate) fn exec(vm: &str, timeout: u64, cmd: &[String]) -> Result<()> {
+    let out = running_agent(vm)?.exec(&cmd.join(" "), Duration::from_secs(timeout))?;
     print!("{}", out.stdout);
     eprint!("{}", out.stderr);
     if out.timed_out {

@@ -93,7 +93,7 @@ pub fn stop_all(settings: &Settings) {
     netns_del(NETNS);
 }
 
-fn net_up(vms: &[VmId]) -> Result<()> {
+fn net_up(vms: &[VmId], queues: u32) -> Result<()> {
     let ipe = |args: &[&str]| {
         ip(args).map_err(|e| Error::Command {
             what: "set up the VM network".into(),
@@ -157,7 +157,11 @@ fn net_up(vms: &[VmId]) -> Result<()> {
     ipe(&["-n", NETNS, "link", "set", HOST_IF, "up"])?;
     for v in vms {
         let tap = v.tap();
-        ipe(&["-n", NETNS, "tuntap", "add", "dev", &tap, "mode", "tap"])?;
+        let mut tuntap = vec!["-n", NETNS, "tuntap", "add", "dev", &tap, "mode", "tap"];
+        if queues > 1 {
+            tuntap.push("multi_queue");
+        }
+        ipe(&tuntap)?;
         ns_sysctl(&format!("net.ipv6.conf.{tap}.disable_ipv6"), "1");
         ipe(&[
             "-n", NETNS, "link", "set", &tap, "mtu", &mtu, "master", BRIDGE, "up",
@@ -194,7 +198,7 @@ impl Lab {
             accel: if accel { "kvm" } else { "tcg" },
             keep,
         };
-        net_up(vms)?;
+        net_up(vms, settings.queues)?;
         let t0 = Instant::now();
         for &id in vms {
             let vm = lab.spawn_vm(image, id, accel)?;
@@ -237,9 +241,22 @@ impl Lab {
             .arg("-serial")
             .arg(format!("file:{}", file("console").display()))
             .arg("-netdev")
-            .arg(format!("tap,id=net0,ifname={},script=no,downscript=no", id.tap()))
+            .arg(format!(
+                "tap,id=net0,ifname={},script=no,downscript=no,queues={}",
+                id.tap(),
+                self.settings.queues
+            ))
             .arg("-device")
-            .arg(format!("virtio-net-pci,netdev=net0,mac={},romfile=", id.mac()))
+            .arg(format!(
+                "virtio-net-pci,netdev=net0,mac={},romfile={}",
+                id.mac(),
+                if self.settings.queues > 1 {
+                    // One MSI-X vector per queue each way, config and control.
+                    format!(",mq=on,vectors={}", 2 * self.settings.queues + 2)
+                } else {
+                    String::new()
+                }
+            ))
             .args(["-device", "virtio-serial-pci", "-chardev"])
             .arg(format!("socket,id=qga0,path={},server=on,wait=off", file("qga").display()))
             .args(["-device", "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0"])

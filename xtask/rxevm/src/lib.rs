@@ -162,6 +162,10 @@ pub struct Settings {
     pub accel: Accel,
     pub mem_mib: u32,
     pub boot_timeout: Duration,
+    /// virtio-net queue pairs per VM (`RXEVM_QUEUES`, default 1). With 2,
+    /// the tap is multi-queue and the guest's XDP gets TX queues of its own
+    /// (with one, virtio-net falls back to a locked shared TX queue).
+    pub queues: u32,
 }
 
 impl Settings {
@@ -195,6 +199,7 @@ impl Settings {
             accel,
             mem_mib: num("RXEVM_MEM", 512)? as u32,
             boot_timeout: Duration::from_secs(num("RXEVM_BOOT_TIMEOUT", 240)?),
+            queues: num("RXEVM_QUEUES", 1)?.clamp(1, 8) as u32,
         })
     }
 }
