@@ -394,8 +394,7 @@ fn table(records: &[Value]) -> String {
     for p in pairs {
         let of = |t: &str| records.iter().find(|v| v["pair"] == p && v["test"] == t);
         let (cm, cy) = (of("cmtime"), of("cycles"));
-        let link = cm.or(cy).map(|v| f(v, "link", 0)).unwrap_or_default();
-        let link = cm.or(cy).and_then(|v| v["link"].as_str()).unwrap_or(&link);
+        let link = cm.or(cy).and_then(|v| v["link"].as_str()).unwrap_or("-");
         let cm_cols = cm.map_or("- | - | -".into(), |v| {
             format!(
                 "{} | {} | {}",

@@ -159,23 +159,18 @@ int main(int argc, char **argv)
 				perror("rdma_accept");
 				return 1;
 			}
-		} else if (i % 2) {
-			t = now();
-			if (by_id(&id, res, &attr, i))
-				return 1;
-			if (rdma_connect(id, NULL)) {
-				fprintf(stderr, "cycle %d: ", i);
-				perror("rdma_connect");
-				return 1;
-			}
-			setup[i] = (now() - t) * 1e6;
 		} else {
 			t = now();
-			init_attr(&attr);
-			if (rdma_create_ep(&id, res, NULL, &attr)) {
-				fprintf(stderr, "cycle %d: ", i);
-				perror("rdma_create_ep");
-				return 1;
+			if (i % 2) {
+				if (by_id(&id, res, &attr, i))
+					return 1;
+			} else {
+				init_attr(&attr);
+				if (rdma_create_ep(&id, res, NULL, &attr)) {
+					fprintf(stderr, "cycle %d: ", i);
+					perror("rdma_create_ep");
+					return 1;
+				}
 			}
 			if (rdma_connect(id, NULL)) {
 				fprintf(stderr, "cycle %d: ", i);

@@ -1528,15 +1528,8 @@ fn create_qp(id: *mut rdma_cm_id, pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) 
     };
     // SAFETY: our context and a live id of ours.
     let made = unsafe { fill_id_cqs(verbs, id, (&mut a.send_cq, &mut a.recv_cq), a.cap) };
-    let qp = made.and_then(|()| {
-        // SAFETY: our PD and the local copy of the attributes.
-        let q = unsafe { crate::verbs::ibv_create_qp(pd, a) };
-        if q.is_null() {
-            Err(errno())
-        } else {
-            Ok(q)
-        }
-    });
+    // SAFETY: our PD and the local copy of the attributes.
+    let qp = made.and_then(|()| made_or_errno(unsafe { crate::verbs::ibv_create_qp(pd, a) }));
     let qp = match qp {
         Ok(q) => q,
         Err(e) => {
@@ -1574,6 +1567,15 @@ fn create_qp(id: *mut rdma_cm_id, pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) 
         return err(e);
     }
     0
+}
+
+/// A verb's new object, or the errno it left when it made none.
+fn made_or_errno<T>(p: *mut T) -> Result<*mut T, c_int> {
+    if p.is_null() {
+        Err(errno())
+    } else {
+        Ok(p)
+    }
 }
 
 /// rdma_cm makes the CQs (with completion channels) a QP's attributes
@@ -1618,10 +1620,7 @@ unsafe fn make_id_cq(
     }
     // SAFETY: as the caller promises.
     unsafe {
-        let ch = crate::verbs::ibv_create_comp_channel(verbs);
-        if ch.is_null() {
-            return Err(errno());
-        }
+        let ch = made_or_errno(crate::verbs::ibv_create_comp_channel(verbs))?;
         let (cq_slot, ch_slot) = if send {
             (&mut (*id).send_cq, &mut (*id).send_cq_channel)
         } else {
@@ -1630,10 +1629,7 @@ unsafe fn make_id_cq(
         *ch_slot = ch;
         let cq =
             crate::verbs::ibv_create_cq(verbs, depth.max(1) as c_int, id as *mut c_void, ch, 0);
-        if cq.is_null() {
-            return Err(errno());
-        }
-        *cq_slot = cq;
+        *cq_slot = made_or_errno(cq)?;
     }
     Ok(())
 }
@@ -1695,15 +1691,9 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
         }
         // SAFETY: our context and a live id of ours.
         let made = unsafe { fill_id_cqs(verbs, id, (&mut a.send_cq, &mut a.recv_cq), a.cap) };
-        let qp = made.and_then(|()| {
+        let qp =
             // SAFETY: our context and the caller's attr.
-            let q = unsafe { crate::verbs::create_qp_ex(verbs, attr) };
-            if q.is_null() {
-                Err(errno())
-            } else {
-                Ok(q)
-            }
-        });
+            made.and_then(|()| made_or_errno(unsafe { crate::verbs::create_qp_ex(verbs, attr) }));
         let qp = match qp {
             Ok(q) => q,
             Err(e) => {
