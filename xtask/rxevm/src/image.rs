@@ -542,12 +542,19 @@ fn add_modules(tree: &mut Tree, kroot: &Path, kver: &str) -> Result<()> {
         if builtin.lines().any(|l| stem(l) == m) {
             continue;
         }
-        let line = dep
+        let Some(line) = dep
             .lines()
             .find(|l| l.split(':').next().is_some_and(|p| stem(p) == m))
-            .ok_or_else(|| {
-                Error::Prerequisite(format!("module {m} is not in the kernel package"))
-            })?;
+        else {
+            // rxe's ICRC took crc32 from the crypto API up to 6.12; later
+            // kernels call the crc32 library, and crc32_generic is gone.
+            if m == "crc32_generic" {
+                continue;
+            }
+            return Err(Error::Prerequisite(format!(
+                "module {m} is not in the kernel package"
+            )));
+        };
         let (path, deps) = line.split_once(':').unwrap_or((line, ""));
         // modules.dep lists the dependencies so that the last loads first.
         for p in deps.split_whitespace().rev().chain([path]) {
@@ -703,7 +710,26 @@ pub fn prepare(s: &Settings, log: &dyn Fn(&str)) -> Result<Image> {
     let mut user_bytes = Vec::new();
     tree.write(&mut user_bytes)
         .map_err(io_err("pack the user space"))?;
-    let kver_pkg = ver(&kpkg);
+    // RXEVM_KERNEL_DEB: another Debian kernel package, by path (e.g. a
+    // backports kernel for AF_XDP zero-copy on virtio-net); the stamp
+    // names it, so the image is rebuilt when it changes.
+    let kernel_deb = std::env::var_os("RXEVM_KERNEL_DEB")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from);
+    let (kpkg, kver_pkg) = match &kernel_deb {
+        Some(p) => (
+            p.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            fs::metadata(p)
+                .map(|m| format!("local, {} bytes", m.len()))
+                .map_err(io_err(format!("RXEVM_KERNEL_DEB={}", p.display())))?,
+        ),
+        None => {
+            let v = ver(&kpkg);
+            (kpkg, v)
+        }
+    };
     let stamp = format!(
         "recipe {RECIPE}\nkernel {kpkg}={kver_pkg}\nmodules {}\nuserspace {} bytes crc {}\n{qstamp}busybox={}\n",
         MODULES.join(","),
@@ -720,17 +746,27 @@ pub fn prepare(s: &Settings, log: &dyn Fn(&str)) -> Result<Image> {
         && initrd.exists();
     if !fresh {
         log(&format!("building the guest image ({kpkg} {kver_pkg})"));
-        let kdeb = deb(&debs, &kpkg, &kver_pkg)?;
+        let kdeb = match &kernel_deb {
+            Some(p) => p.clone(),
+            None => deb(&debs, &kpkg, &kver_pkg)?,
+        };
         let kroot = cache.join("kernel");
         let _ = fs::remove_dir_all(&kroot);
         unpack(&kdeb, &kroot)?;
-        let kver = fs::read_dir(kroot.join("lib/modules"))
+        // Newer packages (trixie's, merged /usr) keep the modules in
+        // /usr/lib/modules.
+        let mroot = if kroot.join("lib/modules").exists() {
+            kroot.clone()
+        } else {
+            kroot.join("usr")
+        };
+        let kver = fs::read_dir(mroot.join("lib/modules"))
             .map_err(io_err("list the kernel's modules"))?
             .filter_map(|e| e.ok())
             .map(|e| e.file_name().to_string_lossy().to_string())
             .next()
             .ok_or_else(|| Error::Prerequisite(format!("{kpkg} has no modules")))?;
-        add_modules(&mut tree, &kroot, &kver)?;
+        add_modules(&mut tree, &mroot, &kver)?;
         let mut img = Vec::new();
         tree.write(&mut img).map_err(io_err("pack the initramfs"))?;
         write_atomic(&initrd, &img)?;

@@ -251,8 +251,14 @@ impl Lab {
                 "virtio-net-pci,netdev=net0,mac={},romfile={}",
                 id.mac(),
                 if self.settings.queues > 1 {
-                    // One MSI-X vector per queue each way, config and control.
-                    format!(",mq=on,vectors={}", 2 * self.settings.queues + 2)
+                    // One MSI-X vector per queue each way, config and
+                    // control. A modern-only device behind the DMA API
+                    // (iommu_platform): virtio-net's AF_XDP zero-copy needs
+                    // a DMA device for its queues.
+                    format!(
+                        ",mq=on,vectors={},disable-legacy=on,iommu_platform=on",
+                        2 * self.settings.queues + 2
+                    )
                 } else {
                     String::new()
                 }
