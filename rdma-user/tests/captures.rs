@@ -56,6 +56,14 @@ fn every_frame_parses_verifies_and_reemits_exactly() {
         for f in frames.iter().filter(|f| is_roce(&f.data)) {
             let (repr, layout) = RoceRepr::parse(&f.data)
                 .unwrap_or_else(|e| panic!("{}: frame at {}: {e}", path.display(), f.ts));
+            // The steering peek reads the same QPN without parsing.
+            assert_eq!(
+                peek_dest_qpn(&f.data),
+                Some(repr.transport.bth.dest_qpn),
+                "{}: frame at {}",
+                path.display(),
+                f.ts
+            );
             let payload = &f.data[layout.payload.clone()];
             let mut out = vec![0u8; f.data.len() + 64];
             let len = repr.emit(payload, &mut out).unwrap();

@@ -813,3 +813,146 @@ fn verbs_library_end_to_end_and_detach_on_drop() {
         );
     }
 }
+
+#[test]
+fn two_queues_spread_qps_and_hand_over_frames_that_arrive_on_the_other() {
+    let _g = serial();
+    let mut lab = Lab::with_queues(1500, 2);
+    lab.up(0, &["--queues", "2"]);
+    lab.up(1, &["--queues", "2"]);
+    for i in 0..2 {
+        let mode = lab.ok(i, &["stats"])["mode"].as_str().unwrap().to_string();
+        assert!(mode.contains("AF_XDP x2"), "{mode}");
+    }
+    let (_, a_l, _) = lab.mr(0, 1 << 16, "all");
+    let (b_addr, b_l, b_r) = lab.mr(1, 1 << 16, "all");
+    // Round robin over the data paths: QPNs 0x12 and 0x14 on the first,
+    // 0x11 and 0x13 on the second (a QP's data path is its QPN mod 2).
+    let create = |i: usize| -> Vec<u64> {
+        (0..4)
+            .map(|_| lab.ok(i, &["qp", "create"])["qpn"].as_u64().unwrap())
+            .collect()
+    };
+    let (qa, qb) = (create(0), create(1));
+    assert_eq!(qa, [0x12, 0x11, 0x14, 0x13]);
+    assert_eq!(qb, qa);
+    // Two pairs on the same data path index and two across: veth delivers
+    // a frame on the queue it was sent from, so the crossed pairs' frames
+    // arrive at the other data path and are handed over, both ways.
+    let pairs = [
+        (qa[0], qb[0]),
+        (qa[1], qb[1]),
+        (qa[2], qb[3]),
+        (qa[3], qb[2]),
+    ];
+    for (a, b) in pairs {
+        lab.ok(
+            0,
+            &[
+                "qp",
+                "connect",
+                &a.to_string(),
+                "--peer",
+                &lab.addr[1],
+                "--remote-qpn",
+                &b.to_string(),
+            ],
+        );
+    }
+    for round in 0..3u64 {
+        for (i, (a, _)) in pairs.iter().enumerate() {
+            let off = (i as u64) * 8192;
+            let data: Vec<u8> = (0..5000u32)
+                .map(|k| (k as u8) ^ (i as u8 * 31) ^ (round as u8 * 7))
+                .collect();
+            let w = lab.post_ok("write", a, a_l, &["--data", &hex(&data)], b_addr + off, b_r);
+            assert_eq!(w["wc"]["status"], "success", "{w}");
+            assert_eq!(
+                lab.mr_bytes(1, b_l, off, 5000),
+                data,
+                "QP {a:#x} round {round}"
+            );
+            let back = (32768 + off).to_string();
+            let r = lab.post_ok(
+                "read",
+                a,
+                a_l,
+                &["--offset", &back, "--len", "5000"],
+                b_addr + off,
+                b_r,
+            );
+            assert_eq!(r["wc"]["status"], "success", "{r}");
+            assert_eq!(
+                lab.mr_bytes(0, a_l, 32768 + off, 5000),
+                data,
+                "QP {a:#x} round {round}"
+            );
+        }
+    }
+    // SEND/RECV across: B's QP 0x13 (second data path) gets A's 0x14's.
+    lab.ok(
+        1,
+        &[
+            "post",
+            "recv",
+            "--qp",
+            &qb[3].to_string(),
+            "--key",
+            &b_l.to_string(),
+            "--offset",
+            "60000",
+            "--len",
+            "64",
+        ],
+    );
+    let s = lab.ok(
+        0,
+        &[
+            "post",
+            "send",
+            "--qp",
+            &qa[2].to_string(),
+            "--key",
+            &a_l.to_string(),
+            "--data",
+            "c0ffee",
+        ],
+    );
+    assert_eq!(s["wc"]["status"], "success", "{s}");
+    let wcs = lab.ok(
+        1,
+        &[
+            "cq",
+            "poll",
+            "--qp",
+            &qb[3].to_string(),
+            "--wait-ms",
+            "2000",
+        ],
+    );
+    assert_eq!(wcs["wcs"][0]["byte_len"], 3, "{wcs}");
+    assert_eq!(lab.mr_bytes(1, b_l, 60000, 3), [0xc0, 0xff, 0xee]);
+    for i in 0..2 {
+        let st = lab.ok(i, &["stats"]);
+        let dp = &st["datapath"];
+        assert!(dp["rx_wrong_queue"].as_u64().unwrap() > 0, "host {i}: {dp}");
+        assert_eq!(dp["rx_wrong_queue_dropped"], 0, "host {i}: {dp}");
+        let xsk = st["xsk"].as_array().unwrap();
+        assert_eq!(xsk.len(), 2);
+        for (q, x) in xsk.iter().enumerate() {
+            assert!(
+                x["rx_frames"].as_u64().unwrap() > 0,
+                "host {i} queue {q}: {x}"
+            );
+            assert!(
+                x["tx_frames"].as_u64().unwrap() > 0,
+                "host {i} queue {q}: {x}"
+            );
+        }
+        let qps = lab.ok(i, &["qp", "list"]);
+        let list = qps["qps"].as_array().unwrap();
+        assert_eq!(list.len(), 4);
+        assert!(list.iter().all(|q| q["state"] == "RTS"), "{qps}");
+        assert!(list.iter().all(|q| q["stats"]["errors"] == 0), "{qps}");
+    }
+}

@@ -67,6 +67,26 @@ pub(crate) fn demo(keep: bool) -> Result<()> {
         }
         Ok(s)
     };
+    demo_ops(&cli, &show, addrs[1])?;
+    println!("demo: all checks passed");
+    if keep {
+        println!(
+            "kept: namespaces {} {}; daemons pids {:?}",
+            ns[0], ns[1], lab.pids
+        );
+    }
+    Ok(())
+}
+
+/// The demo's operations between host 0 (A) and host 1 (B), each through
+/// the CLI (`cli` with --json, `show` as printed), every result checked:
+/// WRITE, READ back, SEND/RECV, three FETCH_ADDs. Also run inside the VMs
+/// (`cargo xtask interop --guest`). `peer_b` is B's address.
+pub(crate) fn demo_ops(
+    cli: &dyn Fn(usize, &[&str]) -> Result<Value>,
+    show: &dyn Fn(usize, &[&str]) -> Result<String>,
+    peer_b: &str,
+) -> Result<()> {
     let mr_a = cli(0, &["mr", "reg", "--len", "65536"])?;
     let mr_b = cli(1, &["mr", "reg", "--len", "65536"])?;
     let key = |v: &Value, k: &str| v[k].as_u64().unwrap_or(0).to_string();
@@ -89,7 +109,7 @@ pub(crate) fn demo(keep: bool) -> Result<()> {
             "connect",
             &qa.to_string(),
             "--peer",
-            addrs[1],
+            peer_b,
             "--remote-qpn",
             &qb.to_string(),
         ],
@@ -257,12 +277,5 @@ pub(crate) fn demo(keep: bool) -> Result<()> {
     println!("== stats on A:");
     print!("{}", show(0, &["qp", "list"])?);
     print!("{}", show(0, &["stats"])?);
-    println!("demo: all checks passed");
-    if keep {
-        println!(
-            "kept: namespaces {} {}; daemons pids {:?}",
-            ns[0], ns[1], lab.pids
-        );
-    }
     Ok(())
 }

@@ -101,7 +101,11 @@ pub(crate) struct Options<'a> {
 /// Boots the lab (one VM, or two for `rxe_pair`), with one line of
 /// progress, and says how long the image and the boot took.
 pub(crate) fn boot(vms: &[VmId], keep: bool) -> Result<(Lab, String)> {
-    let settings = Settings::from_env()?;
+    boot_with(Settings::from_env()?, vms, keep)
+}
+
+/// [`boot`] with settings of the caller's (another kernel, more queues).
+pub(crate) fn boot_with(settings: Settings, vms: &[VmId], keep: bool) -> Result<(Lab, String)> {
     if !keep {
         // Ctrl-C: the VMs (same process group) get it too, but our side runs
         // in process groups of its own and the namespace would stay.

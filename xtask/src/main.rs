@@ -15,6 +15,7 @@ mod bench;
 mod cmbench;
 mod congestion;
 mod demo;
+mod guest;
 mod interop;
 mod lab;
 mod pair;
@@ -22,6 +23,7 @@ mod setup;
 mod soak;
 mod test;
 mod vm;
+mod vsrxe;
 
 use std::path::{Path, PathBuf};
 
@@ -72,6 +74,11 @@ enum Cmd {
         /// Write a capture of each case (on the VM bridge) into this directory.
         #[arg(long, value_name = "DIR")]
         capture: Option<std::path::PathBuf>,
+        /// Instead: our stack inside both VMs (virtio-net, two queues, a
+        /// guest kernel with AF_XDP zero-copy), zero-copy and copy mode: the
+        /// demo's operations, a short soak, a short hostile flood.
+        #[arg(long, conflicts_with_all = ["rxe_pair", "only", "capture"])]
+        guest: bool,
     },
     /// perftest-style benchmarks, same-link baselines and the engine
     /// microbenchmark on a veth pair; writes target/bench/results.json.
@@ -92,6 +99,20 @@ enum Cmd {
         /// With --cm: host to host only, no VMs.
         #[arg(long, requires = "cm")]
         no_vm: bool,
+        /// Instead: Linux rxe against our stack on the same two VMs
+        /// (2-queue virtio-net, a guest kernel with AF_XDP zero-copy):
+        /// perftest rxe to rxe, then `rdma-xdp bench` ours to ours, with
+        /// the CPU time per message on each side; writes
+        /// target/bench/vs-rxe.json and vs-rxe.md.
+        #[arg(long, conflicts_with = "cm")]
+        vs_rxe: bool,
+        /// With --vs-rxe: ours in copy mode too.
+        #[arg(long, requires = "vs_rxe")]
+        copy_too: bool,
+        /// With --vs-rxe: only the points whose "test bytes" contains one
+        /// of these comma-separated words (e.g. "read_lat,write_bw 65536").
+        #[arg(long, requires = "vs_rxe")]
+        only: Option<String>,
     },
     /// Verified mixed RDMA workload through the seeded impairment relay:
     /// clean, 5 % loss, 5 % CE marks, 5 % reordering, 1 % duplication, 0.1 % corruption,
@@ -179,8 +200,11 @@ fn main() {
             only,
             rxe_pair,
             capture,
+            guest,
         } => prereqs(true, true).and_then(|_| {
-            if rxe_pair {
+            if guest {
+                guest::guest(quick, keep_vm)
+            } else if rxe_pair {
                 pair::rxe_pair(only.as_deref(), keep_vm, capture.as_deref())
             } else {
                 interop(&interop::Options {
@@ -193,9 +217,19 @@ fn main() {
         }),
         Cmd::Bench {
             quick,
+            vs_rxe: true,
+            copy_too,
+            only,
+            ..
+        } => {
+            prereqs(true, true).and_then(|_| vsrxe::bench_vs_rxe(quick, copy_too, only.as_deref()))
+        }
+        Cmd::Bench {
+            quick,
             cm: true,
             cycles,
             no_vm,
+            ..
         } => prereqs(true, true).and_then(|_| cmbench::bench_cm(quick, cycles, !no_vm)),
         Cmd::Bench { quick, .. } => prereqs(true, false).and_then(|_| bench(quick)),
         Cmd::Soak { ops, seed } => prereqs(true, false).and_then(|_| soak(ops, seed)),

@@ -1,4 +1,5 @@
-//! `cargo xtask test`: every cargo test, then the quick rxe interop subset.
+//! `cargo xtask test`: every cargo test, then the quick rxe interop subset
+//! and the quick cases of our stack inside the VMs.
 
 use std::process::Command;
 
@@ -26,5 +27,9 @@ pub(crate) fn test(args: &[String]) -> Result<()> {
         keep_vm: false,
         only: None,
         capture_dir: None,
-    })
+    })?;
+    // And our stack inside the VMs on virtio-net, zero-copy and copy mode
+    // (`cargo xtask interop --guest --quick`).
+    println!("our stack inside the VMs (quick)");
+    crate::guest::guest(true, false)
 }

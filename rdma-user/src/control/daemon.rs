@@ -1,10 +1,12 @@
 //! The controller daemon (`rdma-xdp up`): owns the XDP program and AF_XDP
-//! sockets of one interface, runs the data path on its own thread, and serves
+//! sockets of one interface, runs one data path per RX queue, each on its
+//! own thread with its own socket and QPs (see `device::shard`), and serves
 //! the CLI over a root-only unix socket. tokio runs the control plane only.
 //!
-//! The control plane talks to the data path by sending it closures to run
-//! between two polls; the data path never blocks, locks or allocates for a
-//! packet.
+//! The control plane talks to a data path by sending it closures to run
+//! between two polls: to the QP's owner for QP work, to every data path for
+//! MRs and AHs (each sees all of them under the same keys and numbers). A
+//! data path never blocks, locks or allocates for a packet.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
@@ -25,9 +27,10 @@ use crate::control::proto::{hex, unhex, Request, WcJson};
 use crate::device::datapath::{Connect, DataPath, Limits, Path};
 use crate::device::rings::SrqShared;
 use crate::device::runner::{clean_stale, data_path_loop, take_lock, Job};
+use crate::device::shard::{owner_of, Shard};
 use crate::io::hostnet;
 use crate::io::xdp::{XdpMode, XdpProgram};
-use crate::io::xsk::{rx_queues, Xsk, XskConfig};
+use crate::io::xsk::{rx_queues, Xsk, XskBind, XskConfig};
 use crate::memory::Access;
 use crate::transport::{
     QpAttr, QpCap, QpType, RecvWr, SendFlags, SendWr, Sge, UdDest, Wc, WcOpcode, WrOpcode,
@@ -46,6 +49,9 @@ pub struct UpOptions {
     pub umem_frames: u32,
     pub multi_buffer: bool,
     pub zero_copy: bool,
+    /// `--xsk`: zero-copy may drop multi-buffer, and then never falls
+    /// back to copy mode.
+    pub xsk_bind: XskBind,
     /// Sleep when idle instead of spinning.
     pub adaptive: bool,
     pub cpu: Option<usize>,
@@ -60,7 +66,10 @@ pub struct UpOptions {
 
 /// Control-plane state shared by the connection handlers.
 struct Ctl {
-    jobs: mpsc::Sender<Job>,
+    /// One per data path (per queue with `--queues`).
+    jobs: Vec<mpsc::Sender<Job>>,
+    /// Where the next QP goes: round robin over the data paths.
+    next_shard: std::sync::atomic::AtomicU32,
     xdp: Mutex<XdpProgram>,
     iface: String,
     mac: [u8; 6],
@@ -78,18 +87,75 @@ struct Ctl {
 }
 
 impl Ctl {
+    /// Runs `f` on the first data path: for what is the same on all of
+    /// them (MRs, PSNs).
     async fn run<F>(&self, f: F) -> Result<Value>
     where
         F: FnOnce(&mut DataPath) -> Result<Value> + Send + 'static,
     {
+        self.run_on(0, f).await
+    }
+
+    /// Runs `f` on data path `i`, between two of its polls.
+    async fn run_on<F>(&self, i: u32, f: F) -> Result<Value>
+    where
+        F: FnOnce(&mut DataPath) -> Result<Value> + Send + 'static,
+    {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.jobs
+        self.jobs[i as usize]
             .send(Box::new(move |dp: &mut DataPath| {
                 let _ = tx.send(f(dp));
             }))
             .map_err(|_| anyhow!("data path has stopped"))?;
         rx.await.map_err(|_| anyhow!("data path has stopped"))?
     }
+
+    /// Runs `f` on the data path that owns QP `qpn`.
+    async fn run_qp<F>(&self, qpn: u32, f: F) -> Result<Value>
+    where
+        F: FnOnce(&mut DataPath) -> Result<Value> + Send + 'static,
+    {
+        self.run_on(owner_of(qpn, self.shards()), f).await
+    }
+
+    /// Runs `f` on every data path in turn; their answers in order.
+    async fn run_all<F>(&self, f: F) -> Result<Vec<Value>>
+    where
+        F: Fn(&mut DataPath) -> Result<Value> + Clone + Send + 'static,
+    {
+        let mut out = Vec::with_capacity(self.jobs.len());
+        for i in 0..self.shards() {
+            out.push(self.run_on(i, f.clone()).await?);
+        }
+        Ok(out)
+    }
+
+    fn shards(&self) -> u32 {
+        self.jobs.len() as u32
+    }
+}
+
+/// The data paths' counters as one: numbers summed, socket lists joined.
+fn merge_stats(parts: &[Value]) -> Value {
+    let mut dp = serde_json::Map::new();
+    let mut xsk = Vec::new();
+    for p in parts {
+        if let Some(m) = p["datapath"].as_object() {
+            for (k, v) in m {
+                match (v.as_u64(), dp.get(k).and_then(Value::as_u64)) {
+                    (Some(a), Some(b)) => {
+                        dp.insert(k.clone(), json!(a + b));
+                    }
+                    _ if !dp.contains_key(k) => {
+                        dp.insert(k.clone(), v.clone());
+                    }
+                    _ => {}
+                }
+            }
+        }
+        xsk.extend(p["xsk"].as_array().into_iter().flatten().cloned());
+    }
+    json!({"datapath": dp, "xsk": xsk})
 }
 
 pub fn socket_path(iface: &str) -> PathBuf {
@@ -111,7 +177,7 @@ pub fn run(opts: UpOptions) -> Result<()> {
     };
     let mut xsks = Vec::new();
     for q in 0..queues {
-        let x = Xsk::open(
+        let x = Xsk::open_with(
             &iface,
             q,
             XskConfig {
@@ -121,6 +187,7 @@ pub fn run(opts: UpOptions) -> Result<()> {
                 multi_buffer: opts.multi_buffer,
                 zero_copy: opts.zero_copy,
             },
+            opts.xsk_bind,
         )
         .with_context(|| format!("AF_XDP socket on {iface} queue {q}"))?;
         xdp.set_socket(q, x.fd())?;
@@ -134,26 +201,41 @@ pub fn run(opts: UpOptions) -> Result<()> {
             crate::io::xsk::BindMode::Copy => "copy-mode",
         },
         queues,
-        if opts.multi_buffer {
+        if xsks[0].multi_buffer {
             ", multi-buffer"
         } else {
             ""
         }
     );
     let mac = hostnet::iface_mac(&iface)?;
-    let mut dp = DataPath::new(xsks, opts.limits);
-    dp.core.set_cc(opts.cc, &iface);
-    let stop = Arc::new(AtomicBool::new(false));
-    let (jtx, jrx) = mpsc::channel::<Job>();
-    let dp_thread = {
-        let stop = stop.clone();
-        let (adaptive, cpu) = (opts.adaptive, opts.cpu);
-        std::thread::Builder::new()
-            .name("rdma-datapath".into())
-            .spawn(move || data_path_loop(dp, jrx, stop, adaptive, cpu))?
+    // One data path per queue, each with its socket and its QPs, on a
+    // thread of its own (pinned to --cpu + its index when --cpu is given).
+    let dps: Vec<DataPath> = if xsks.len() > 1 {
+        xsks.into_iter()
+            .zip(Shard::mesh(queues))
+            .map(|(x, sh)| DataPath::new_shard(x, opts.limits, sh))
+            .collect()
+    } else {
+        vec![DataPath::new(xsks, opts.limits)]
     };
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut jobs = Vec::new();
+    let mut dp_threads = Vec::new();
+    for (i, mut dp) in dps.into_iter().enumerate() {
+        dp.core.set_cc(opts.cc, &iface);
+        let (jtx, jrx) = mpsc::channel::<Job>();
+        jobs.push(jtx);
+        let stop = stop.clone();
+        let (adaptive, cpu) = (opts.adaptive, opts.cpu.map(|c| c + i));
+        dp_threads.push(
+            std::thread::Builder::new()
+                .name(format!("rdma-datapath-{i}"))
+                .spawn(move || data_path_loop(dp, jrx, stop, adaptive, cpu))?,
+        );
+    }
     let ctl = Arc::new(Ctl {
-        jobs: jtx,
+        jobs,
+        next_shard: std::sync::atomic::AtomicU32::new(0),
         xdp: Mutex::new(xdp),
         iface: iface.clone(),
         mac,
@@ -175,31 +257,40 @@ pub fn run(opts: UpOptions) -> Result<()> {
     stop.store(true, Ordering::Relaxed);
     // Flush outstanding work: every QP goes to ERR, its WRs complete with
     // WR_FLUSH_ERR, then the program and sockets go.
-    let mut dp = dp_thread
-        .join()
-        .map_err(|_| anyhow!("data path thread panicked"))?;
-    let mut flushed = 0;
-    for qpn in dp.core.qpns() {
-        let _ = dp.core.destroy_qp(qpn);
+    let mut dps = Vec::new();
+    for t in dp_threads {
+        dps.push(t.join().map_err(|_| anyhow!("data path thread panicked"))?);
     }
+    let mut flushed = 0;
     let mut buf = [crate::device::standalone::NO_WC; 64];
-    if let Ok(map) = ctl.qp_cq.lock() {
-        for (_, (cq, _)) in map.iter() {
-            if let Some(c) = dp.core.cq_mut(*cq) {
-                loop {
-                    let n = c.poll(&mut buf);
-                    if n == 0 {
-                        break;
+    for dp in dps.iter_mut() {
+        for qpn in dp.core.qpns() {
+            let _ = dp.core.destroy_qp(qpn);
+        }
+        if let Ok(map) = ctl.qp_cq.lock() {
+            for (qpn, (cq, _)) in map.iter() {
+                if owner_of(*qpn, queues) != dp.shard.as_ref().map_or(0, |s| s.index) {
+                    continue;
+                }
+                if let Some(c) = dp.core.cq_mut(*cq) {
+                    loop {
+                        let n = c.poll(&mut buf);
+                        if n == 0 {
+                            break;
+                        }
+                        flushed += buf[..n]
+                            .iter()
+                            .filter(|w| w.status == crate::transport::WcStatus::WrFlushErr)
+                            .count();
                     }
-                    flushed += buf[..n]
-                        .iter()
-                        .filter(|w| w.status == crate::transport::WcStatus::WrFlushErr)
-                        .count();
                 }
             }
         }
     }
-    drop(dp);
+    // The mirrors of the MRs before the data path that owns their memory.
+    while let Some(dp) = dps.pop() {
+        drop(dp);
+    }
     drop(ctl);
     let _ = std::fs::remove_file(&sock);
     drop(lock);
@@ -355,17 +446,35 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
                 }
                 Value::Object(m)
             };
-            let dp = ctl.run(|dp| Ok(dp.stats_json())).await?;
+            let dp = merge_stats(&ctl.run_all(|dp| Ok(dp.stats_json())).await?);
             Ok(json!({"iface": ctl.iface, "mode": ctl.socket_mode, "xdp": xdp, "datapath": dp["datapath"], "xsk": dp["xsk"]}))
         }
         Request::MrReg { len, access } => {
             let access = Access::parse(&access).map_err(|e| anyhow!(e))?;
-            ctl.run(move |dp| {
-                let pd = 1;
-                let (addr, lkey, rkey) = dp.core.reg_mr(pd, len, access)?;
-                Ok(json!({"addr": addr, "len": len, "lkey": lkey, "rkey": rkey, "access": access.to_string()}))
-            })
-            .await
+            let v = ctl
+                .run(move |dp| {
+                    let pd = 1;
+                    let (addr, lkey, rkey) = dp.core.reg_mr(pd, len, access)?;
+                    Ok(json!({"addr": addr, "len": len, "lkey": lkey, "rkey": rkey, "access": access.to_string()}))
+                })
+                .await?;
+            // The other data paths see the same memory under the same keys.
+            let (addr, lkey, rkey) = (
+                v["addr"].as_u64().unwrap_or(0),
+                v["lkey"].as_u64().unwrap_or(0) as u32,
+                v["rkey"].as_u64().unwrap_or(0) as u32,
+            );
+            for i in 1..ctl.shards() {
+                ctl.run_on(i, move |dp| {
+                    // SAFETY: the first data path owns the mapping and
+                    // unmaps it only after every other one has dropped
+                    // this registration (`MrDereg` goes last to it).
+                    unsafe { dp.core.mirror_mr(1, addr as *mut u8, len, access, lkey, rkey)? };
+                    Ok(json!({}))
+                })
+                .await?;
+            }
+            Ok(v)
         }
         Request::MrList => {
             ctl.run(|dp| {
@@ -381,12 +490,16 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
         }
         Request::MrDereg { key } => {
             let key = parse_key(&key)?;
-            ctl.run(move |dp| {
-                let (lkey, _, _) = find_mr(dp, key)?;
-                dp.core.dereg_mr(lkey)?;
-                Ok(json!({"lkey": lkey}))
-            })
-            .await
+            // The mirrors first, the owner of the memory last.
+            for i in (0..ctl.shards()).rev() {
+                ctl.run_on(i, move |dp| {
+                    let (lkey, _, _) = find_mr(dp, key)?;
+                    dp.core.dereg_mr(lkey)?;
+                    Ok(json!({"lkey": lkey}))
+                })
+                .await?;
+            }
+            Ok(json!({"lkey": key}))
         }
         Request::MrRead { key, offset, len } => {
             let key = parse_key(&key)?;
@@ -426,8 +539,9 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
                 })
                 .transpose()?;
             let port_mtu = hostnet::port_mtu(hostnet::iface_mtu(&ctl.iface));
+            let shard = ctl.next_shard.fetch_add(1, Ordering::Relaxed) % ctl.shards();
             let (qpn, cq) = ctl
-                .run(move |dp| {
+                .run_on(shard, move |dp| {
                     let cq = dp.core.create_cq(depth as usize * 2)?;
                     let cap = QpCap {
                         max_send_wr: depth,
@@ -463,18 +577,26 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
                 .parse()
                 .map_err(|_| anyhow!("--remote-ip '{remote_ip}' is not an IP address"))?;
             let path = resolve_path(ctl, peer, remote_mac).await?;
-            ctl.run(move |dp| {
-                let ah = dp.core.create_ah(path)?;
-                Ok(json!({"ah": ah, "peer_ip": peer.to_string(), "peer_mac": hostnet::fmt_mac(&path.peer_mac)}))
-            })
-            .await
+            // Every data path has every AH, under one number: AHs are made
+            // and destroyed on all of them in the same order.
+            let all = ctl
+                .run_all(move |dp| {
+                    let ah = dp.core.create_ah(path)?;
+                    Ok(json!({"ah": ah, "peer_ip": peer.to_string(), "peer_mac": hostnet::fmt_mac(&path.peer_mac)}))
+                })
+                .await?;
+            if all.iter().any(|v| v["ah"] != all[0]["ah"]) {
+                bail!("the data paths disagree on the new AH's number: {all:?}");
+            }
+            Ok(all[0].clone())
         }
         Request::AhDestroy { ah } => {
-            ctl.run(move |dp| {
+            ctl.run_all(move |dp| {
                 dp.core.destroy_ah(ah)?;
                 Ok(json!({"ah": ah}))
             })
-            .await
+            .await?;
+            Ok(json!({"ah": ah}))
         }
         Request::SrqCreate { depth, limit } => {
             let n = ctl.next_srq.fetch_add(1, Ordering::Relaxed);
@@ -521,7 +643,7 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
             Ok(json!({"srq": srq}))
         }
         Request::QpDestroy { qpn } => {
-            ctl.run(move |dp| {
+            ctl.run_qp(qpn, move |dp| {
                 dp.core.destroy_qp(qpn)?;
                 Ok(json!({}))
             })
@@ -553,7 +675,7 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
             connect_via_peer(ctl, qpn, &peer, remote_qpn, mtu.unwrap_or(1024)).await
         }
         Request::QpList => {
-            ctl.run(|dp| {
+            let parts = ctl.run_all(|dp| {
                 let v: Vec<Value> = dp
                     .core
                     .qpns()
@@ -599,7 +721,13 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
                     .collect();
                 Ok(json!({"qps": v}))
             })
-            .await
+            .await?;
+            let mut qps: Vec<Value> = parts
+                .iter()
+                .flat_map(|p| p["qps"].as_array().cloned().unwrap_or_default())
+                .collect();
+            qps.sort_by_key(|q| q["qpn"].as_u64());
+            Ok(json!({"qps": qps}))
         }
         Request::Post(p) => post(ctl, p).await,
         Request::CqPoll { qpn, max, wait_ms } => {
@@ -643,7 +771,7 @@ async fn connect_local(
     selective_repeat: bool,
 ) -> Result<Value> {
     let v = ctl
-        .run(move |dp| {
+        .run_qp(qpn, move |dp| {
             let local_psn = psn.unwrap_or_else(|| dp.core.random_psn());
             dp.core
                 .connect_qp(
@@ -799,7 +927,7 @@ async fn post(ctl: &Arc<Ctl>, p: crate::control::proto::Post) -> Result<Value> {
     let data = p.data.as_deref().map(unhex).transpose()?;
     let qpn = p.qpn;
     let v = ctl
-        .run(move |dp| {
+        .run_qp(qpn, move |dp| {
             let (lkey, addr, mr_len) = find_mr(dp, local_key)?;
             let mut len = p.len.unwrap_or(0);
             if let Some(d) = &data {
@@ -927,7 +1055,7 @@ async fn wait_wcs(
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
     loop {
         let fresh: Vec<Wc> = ctl
-            .run(move |dp| {
+            .run_qp(qpn, move |dp| {
                 let c = dp.core.cq_mut(cq).ok_or_else(|| anyhow!("CQ gone"))?;
                 let mut buf = [crate::device::standalone::NO_WC; 64];
                 let n = c.poll(&mut buf);
@@ -968,5 +1096,25 @@ async fn wait_wcs(
             return Ok(out);
         }
         tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_path_counters_add_up_and_sockets_join() {
+        let a = json!({"datapath": {"rx_frames": 3, "rx_wrong_queue": 1, "gsi": {"x": 1}},
+                       "xsk": [{"rx_frames": 3}]});
+        let b = json!({"datapath": {"rx_frames": 4, "rx_wrong_queue": 2, "gsi": {"x": 2}},
+                       "xsk": [{"rx_frames": 4}]});
+        let m = merge_stats(&[a, b]);
+        assert_eq!(m["datapath"]["rx_frames"], 7);
+        assert_eq!(m["datapath"]["rx_wrong_queue"], 3);
+        // Not a number: the first data path's.
+        assert_eq!(m["datapath"]["gsi"]["x"], 1);
+        assert_eq!(m["xsk"].as_array().unwrap().len(), 2);
+        assert_eq!(m["xsk"][1]["rx_frames"], 4);
     }
 }

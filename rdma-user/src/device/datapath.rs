@@ -369,11 +369,17 @@ pub struct Core {
     pub cc: CcConfig,
     /// QP1's mailbox to the CM, when a CM runs on this device.
     pub gsi: Option<Arc<super::gsi::Gsi>>,
+    /// (index, count): QPNs made here are the ones the data path `index`
+    /// of `count` owns (see `shard::owner_of`).
+    qpn_class: (u32, u32),
 }
 
 pub struct DataPath {
     pub xsks: Vec<Xsk>,
     pub core: Core,
+    /// Its place among several data paths of one interface (the daemon's
+    /// `--queues`): frames for another's QPs are handed over.
+    pub shard: Option<super::shard::Shard>,
     clock: Instant,
     /// A TX kick skipped last turn (see `poll`).
     kick_deferred: bool,
@@ -402,6 +408,7 @@ impl Core {
             next_ah: 1,
             // rxe starts QPNs at 17; so do we (QP0/QP1 are special).
             next_qpn: 0x11,
+            qpn_class: (0, 1),
             next_cq: 1,
             next_pd: 1,
             stats: DpStats::default(),
@@ -480,6 +487,33 @@ impl Core {
             .register(pd, Backing::Raw { ptr, len }, iova, access)?)
     }
 
+    /// Registers another data path's MR here, same memory and keys (the
+    /// daemon's data paths all see every MR).
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must stay valid for `len` bytes until this registration is
+    /// removed with [`Core::dereg_mr`]. Two data paths may then copy into
+    /// the same bytes at once, as two QPs of a NIC may: what lands there
+    /// is the applications' race, as on hardware.
+    pub unsafe fn mirror_mr(
+        &mut self,
+        pd: u32,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+        lkey: u32,
+        rkey: u32,
+    ) -> Result<()> {
+        Ok(self.mem.register_at(
+            pd,
+            Backing::Raw { ptr, len },
+            ptr as u64,
+            access,
+            (lkey, rkey),
+        )?)
+    }
+
     /// Removes a CQ no QP uses.
     pub fn destroy_cq(&mut self, cq: u32) -> Result<()> {
         if self.qps.values().any(|s| s.cq == cq || s.recv_cq == cq) {
@@ -539,7 +573,11 @@ impl Core {
             }
         }
         let mut qpn = self.next_qpn;
-        while self.qps.contains_key(&qpn) {
+        let (index, count) = self.qpn_class;
+        while qpn < 0x11
+            || self.qps.contains_key(&qpn)
+            || super::shard::owner_of(qpn, count) != index
+        {
             qpn = (qpn + 1) & 0xff_ffff;
         }
         self.next_qpn = (qpn + 1) & 0xff_ffff;
@@ -1126,9 +1164,19 @@ impl DataPath {
         DataPath {
             xsks,
             core: Core::new(limits, entropy()),
+            shard: None,
             clock: Instant::now(),
             kick_deferred: false,
         }
+    }
+
+    /// One of several data paths of an interface: its own socket, and the
+    /// QPs whose QPNs `shard` owns.
+    pub fn new_shard(xsk: Xsk, limits: Limits, shard: super::shard::Shard) -> DataPath {
+        let mut dp = DataPath::new(vec![xsk], limits);
+        dp.core.qpn_class = (shard.index, shard.count);
+        dp.shard = Some(shard);
+        dp
     }
 
     pub fn now(&self) -> Nanos {
@@ -1146,7 +1194,9 @@ impl DataPath {
                 serde_json::json!({"rx_frames": x.rx_frames, "tx_frames": x.tx_frames,
                     "rx_oversize": x.rx_dropped_oversize, "kernel_rx_dropped": k.rx_dropped,
                     "kernel_rx_ring_full": k.rx_ring_full,
-                    "kernel_rx_fill_ring_empty": k.rx_fill_ring_empty_descs})
+                    "kernel_rx_fill_ring_empty": k.rx_fill_ring_empty_descs,
+                    "rings": x.debug_state(), "bind": x.mode.name(),
+                    "multi_buffer": x.multi_buffer})
             })
             .collect();
         let mut qps: Vec<(u32, QpStats)> = self
@@ -1180,6 +1230,13 @@ impl DataPath {
             m.insert("rp_cnp_handled".into(), sum(|s| s.rp_cnp_handled).into());
             m.insert("rp_cnp_ignored".into(), sum(|s| s.rp_cnp_ignored).into());
         }
+        if let (Some(m), Some(sh)) = (dp.as_object_mut(), &self.shard) {
+            m.insert("rx_wrong_queue".into(), sh.rx_wrong_queue.into());
+            m.insert(
+                "rx_wrong_queue_dropped".into(),
+                sh.rx_wrong_queue_dropped.into(),
+            );
+        }
         serde_json::json!({"datapath": dp, "xsk": xsk, "qps": qps})
     }
 
@@ -1189,9 +1246,25 @@ impl DataPath {
         let now = self.now();
         let mut work = self.core.pump_rings();
         let core = &mut self.core;
-        for x in self.xsks.iter_mut() {
-            let n = x.recv(64, |f| core.handle_frame(now, f));
-            work |= n > 0;
+        match &mut self.shard {
+            None => {
+                for x in self.xsks.iter_mut() {
+                    let n = x.recv(64, |f| core.handle_frame(now, f));
+                    work |= n > 0;
+                }
+            }
+            Some(shard) => {
+                for x in self.xsks.iter_mut() {
+                    let n = x.recv(64, |f| {
+                        match crate::wire::peek_dest_qpn(f).and_then(|q| shard.elsewhere(q)) {
+                            Some(owner) => shard.hand_over(owner, f),
+                            None => core.handle_frame(now, f),
+                        }
+                    });
+                    work |= n > 0;
+                }
+                work |= shard.drain(64, |f| core.handle_frame(now, f)) > 0;
+            }
         }
         let next = core.handle_timers(now);
         if let Some(x) = self.xsks.first_mut() {

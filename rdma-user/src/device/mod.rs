@@ -11,4 +11,5 @@ pub mod error;
 pub mod gsi;
 pub mod rings;
 pub mod runner;
+pub mod shard;
 pub mod standalone;

@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::device::datapath::{DataPath, Limits};
 use crate::io::xdp::{XdpMode, XdpProgram};
-use crate::io::xsk::{rx_queues, Xsk, XskConfig};
+use crate::io::xsk::{rx_queues, Xsk, XskBind, XskConfig};
 use crate::transport::{Wc, WcOpcode, WcStatus};
 
 pub struct Standalone {
@@ -57,16 +57,18 @@ impl Standalone {
     pub fn open(iface: &str, mode: XdpMode, multi_buffer: bool) -> Result<Standalone> {
         let lock = crate::device::runner::take_lock(iface)?;
         crate::device::runner::clean_stale(iface);
+        let bind = XskBind::from_env()?;
         let mut xdp = XdpProgram::attach(iface, mode)?;
         let mut xsks = Vec::new();
         for q in 0..rx_queues(iface)? {
-            let x = Xsk::open(
+            let x = Xsk::open_with(
                 iface,
                 q,
                 XskConfig {
                     multi_buffer,
                     ..Default::default()
                 },
+                bind,
             )
             .with_context(|| format!("AF_XDP socket on {iface} queue {q}"))?;
             xdp.set_socket(q, x.fd())?;

@@ -38,6 +38,16 @@ pub enum BindMode {
     Copy,
 }
 
+impl BindMode {
+    /// As `rdma-xdp stats` and the benchmark records say it.
+    pub fn name(self) -> &'static str {
+        match self {
+            BindMode::ZeroCopy => "zero-copy",
+            BindMode::Copy => "copy",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 pub struct XskConfig {
     /// UMEM chunk size: 2048 or 4096 (larger fails on this kernel).
@@ -181,14 +191,87 @@ pub struct Xsk {
 // thread once and used from that one thread only.
 unsafe impl Send for Xsk {}
 
+/// How the tools and the library bind their AF_XDP sockets, from
+/// `RDMA_XDP_XSK` (`rdma-xdp --xsk` sets it for itself and the programs it
+/// runs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum XskBind {
+    /// Zero-copy if the driver takes it with the configuration asked for,
+    /// else copy mode: multi-buffer stays on, so frames above one chunk
+    /// still work.
+    #[default]
+    Auto,
+    /// Zero-copy or fail. A driver without multi-buffer zero-copy
+    /// (virtio-net) is bound without multi-buffer: frames then have to fit
+    /// one chunk (paths up to MTU 2048 with 4 KiB chunks).
+    ZeroCopy,
+    /// Copy mode.
+    Copy,
+}
+
+/// The environment variable behind [`XskBind::from_env`].
+pub const XSK_BIND_ENV: &str = "RDMA_XDP_XSK";
+
+impl XskBind {
+    pub fn parse(s: &str) -> Option<XskBind> {
+        match s {
+            "" | "auto" => Some(XskBind::Auto),
+            "zero-copy" | "zc" => Some(XskBind::ZeroCopy),
+            "copy" => Some(XskBind::Copy),
+            _ => None,
+        }
+    }
+
+    pub fn from_env() -> Result<XskBind> {
+        let v = std::env::var(XSK_BIND_ENV).unwrap_or_default();
+        XskBind::parse(&v)
+            .ok_or_else(|| anyhow!("{XSK_BIND_ENV}={v}: expected auto, zero-copy or copy"))
+    }
+
+    /// `cfg` as this policy asks for it.
+    pub fn apply(self, mut cfg: XskConfig) -> XskConfig {
+        match self {
+            XskBind::Auto => {}
+            XskBind::ZeroCopy => cfg.zero_copy = true,
+            XskBind::Copy => cfg.zero_copy = false,
+        }
+        cfg
+    }
+}
+
 impl Xsk {
+    /// Binds zero-copy when `cfg.zero_copy` and the driver allows it, else
+    /// copy mode.
     pub fn open(ifname: &str, queue: u32, cfg: XskConfig) -> Result<Xsk> {
+        Self::open_with(ifname, queue, cfg, XskBind::Auto)
+    }
+
+    /// [`Xsk::open`] under a bind policy: with [`XskBind::ZeroCopy`] a
+    /// zero-copy bind refused with multi-buffer is retried without it, and
+    /// copy mode is never taken.
+    pub fn open_with(ifname: &str, queue: u32, cfg: XskConfig, bind: XskBind) -> Result<Xsk> {
+        let cfg = bind.apply(cfg);
         if cfg.zero_copy {
-            match Self::open_mode(ifname, queue, cfg, BindMode::ZeroCopy) {
+            let first = match Self::open_mode(ifname, queue, cfg, BindMode::ZeroCopy) {
                 Ok(x) => return Ok(x),
-                Err(e) => log::debug!(
-                    "{ifname} queue {queue}: zero-copy bind failed ({e:#}); using copy mode"
-                ),
+                Err(e) => e,
+            };
+            if bind != XskBind::ZeroCopy {
+                log::debug!(
+                    "{ifname} queue {queue}: zero-copy bind failed ({first:#}); using copy mode"
+                );
+            } else if !cfg.multi_buffer {
+                return Err(first.context("zero-copy was asked for (--xsk zero-copy)"));
+            } else {
+                let single = XskConfig {
+                    multi_buffer: false,
+                    ..cfg
+                };
+                return Self::open_mode(ifname, queue, single, BindMode::ZeroCopy).map_err(|e| {
+                    e.context(format!(
+                        "zero-copy was asked for (--xsk zero-copy); with multi-buffer: {first:#}"
+                    ))
+                });
             }
         }
         Self::open_mode(ifname, queue, cfg, BindMode::Copy)
@@ -237,11 +320,25 @@ impl Xsk {
             .map_err(|e| anyhow!("rx/tx rings: {e:?}"))?;
         let rx = user.map_rx().map_err(|e| anyhow!("map rx ring: {e:?}"))?;
         let tx = user.map_tx().map_err(|e| anyhow!("map tx ring: {e:?}"))?;
-        umem.bind(&user)
-            .map_err(|e| anyhow!("bind {ifname} queue {queue} ({mode:?}): {e:?}"))?;
-        let free: Vec<u64> = (0..cfg.frames as u64)
+        let mut free: Vec<u64> = (0..cfg.frames as u64)
             .map(|i| i * cfg.frame_size as u64)
             .collect();
+        // Fill before bind: virtio-net's zero-copy RX takes fill
+        // descriptors when the bind resets its queue, and with need-wakeup
+        // a queue that found the fill ring empty then has no buffer, so no
+        // receive interrupt, and its wakeup schedules only the TX side:
+        // nothing would ever be received. Other drivers do not mind.
+        let mut fq_cq = fq_cq;
+        {
+            let want = cfg.ring_size.min(free.len() as u32);
+            let mut w = fq_cq.fill(want);
+            let n = w.insert(free.iter().rev().take(want as usize).copied());
+            w.commit();
+            drop(w);
+            free.truncate(free.len() - n as usize);
+        }
+        umem.bind(&user)
+            .map_err(|e| anyhow!("bind {ifname} queue {queue} ({mode:?}): {e:?}"))?;
         let mut x = Xsk {
             rx,
             tx,
@@ -317,6 +414,18 @@ impl Xsk {
         }
     }
 
+    /// A zero-copy driver takes fill descriptors only when it runs: once it
+    /// has run dry it sets the ring's need-wakeup flag and drops what
+    /// arrives until a poll() makes it take what is already in the ring.
+    /// `refill` wakes it only when it adds descriptors, and a full fill
+    /// ring adds none, so an idle receive turn checks too (a flag read;
+    /// the syscall only while the flag is up).
+    fn wake_fill(&mut self) {
+        if self.fq_cq.pending() > 0 && self.fq_cq.needs_wakeup() {
+            self.fq_cq.wake();
+        }
+    }
+
     /// Returns TX frames the kernel has finished with to the free list.
     pub fn reap(&mut self) {
         let mut c = self.fq_cq.complete(self.fill_target);
@@ -334,6 +443,7 @@ impl Xsk {
         let mut delivered = 0;
         let avail = self.rx.available();
         if avail == 0 {
+            self.wake_fill();
             return 0;
         }
         let mut chunks: [u64; 32] = [0; 32];

@@ -248,6 +248,8 @@ pub enum RegError {
         max: usize,
     },
     ZeroLength,
+    /// `register_at`: the keys' slot is in use, or the keys name two slots.
+    KeysTaken,
 }
 
 impl fmt::Display for RegError {
@@ -258,6 +260,7 @@ impl fmt::Display for RegError {
                 "memory region limit reached ({max}); deregister one or raise --max-mr"
             ),
             RegError::ZeroLength => f.write_str("memory region length must be > 0"),
+            RegError::KeysTaken => f.write_str("these memory region keys are taken here"),
         }
     }
 }
@@ -327,6 +330,42 @@ impl MrTable {
             backing,
         });
         Ok((lkey, rkey))
+    }
+
+    /// Registers `backing` under keys another table gave it (the same MR
+    /// seen by several data paths). The keys' slot must be free here.
+    pub fn register_at(
+        &mut self,
+        pd: u32,
+        backing: Backing,
+        addr: u64,
+        access: Access,
+        (lkey, rkey): (u32, u32),
+    ) -> Result<(), RegError> {
+        if backing.len() == 0 {
+            return Err(RegError::ZeroLength);
+        }
+        if self.len() >= self.max_mr {
+            return Err(RegError::TooMany { max: self.max_mr });
+        }
+        let slot = self.slot_of(lkey);
+        if self.slot_of(rkey) != slot || self.slots.get(slot).is_some_and(Option::is_some) {
+            return Err(RegError::KeysTaken);
+        }
+        while self.slots.len() <= slot {
+            self.slots.push(None);
+            self.last_keys.push((0, 0));
+        }
+        self.last_keys[slot] = (lkey, rkey);
+        self.slots[slot] = Some(MemoryRegion {
+            pd,
+            addr,
+            access,
+            lkey,
+            rkey,
+            backing,
+        });
+        Ok(())
     }
 
     /// Registers a zero-filled heap region.

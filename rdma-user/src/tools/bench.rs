@@ -7,6 +7,7 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -72,6 +73,8 @@ pub struct Options {
     /// Our GID's address (IPv4 or IPv6); default: the one facing the peer.
     pub local_ip: Option<IpAddr>,
     pub quiet: bool,
+    /// Wait in poll(2) while only waiting for the peer (see `Oob`).
+    pub adaptive: bool,
 }
 
 /// One line of results, in perftest's columns (units in the key).
@@ -103,9 +106,16 @@ pub struct Record {
     /// Engine microbenchmark: frames/s through the engine alone.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub engine_only_mpps: Option<f64>,
+    /// How this side's AF_XDP sockets were bound: "zero-copy" or "copy".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub xsk_bind: Option<&'static str>,
 }
 
 const VERSION: &[u8; 4] = b"6.06";
+/// `--adaptive`: idle data path turns before a wait in poll(2). Few: a
+/// waiting side's next frame is usually a round trip away, and spinning
+/// until then is CPU spent on nothing.
+const ADAPTIVE_SPIN: u32 = 8;
 /// Gb/s (10^9 bit) to perftest's MB/sec (2^20 bytes).
 const GBPS_TO_MBPS: f64 = 1e9 / 8.0 / 1_048_576.0;
 const KEY_LEN: usize = 108;
@@ -184,6 +194,11 @@ fn parse_keys(b: &[u8]) -> Result<Keys> {
 struct Oob {
     s: TcpStream,
     client: bool,
+    /// Waiting for the peer's next message, sleep in poll(2) on the AF_XDP
+    /// sockets and this connection once the data path has been idle a
+    /// while (at most 1 ms, never past its next timer), instead of
+    /// spinning: a bandwidth test's target then spends CPU on its work only.
+    adaptive: bool,
 }
 
 impl Oob {
@@ -196,14 +211,42 @@ impl Oob {
         self.s.set_nonblocking(true)?;
         let start = Instant::now();
         let mut got = 0;
+        let mut idle = 0u32;
+        let mut fds: Vec<libc::pollfd> = if self.adaptive {
+            dev.dp
+                .xsks
+                .iter()
+                .map(|x| x.fd())
+                .chain([self.s.as_raw_fd()])
+                .map(|fd| libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         while got < buf.len() {
             match self.s.read(&mut buf[got..]) {
                 Ok(0) => bail!("the peer closed the connection"),
                 Ok(n) => got += n,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                    dev.dp.poll();
+                    // A turn that may be followed by a sleep leaves no
+                    // deferred TX kick behind.
+                    let (work, next) = if self.adaptive {
+                        dev.dp.poll_flushed()
+                    } else {
+                        dev.dp.poll()
+                    };
                     if start.elapsed() > timeout {
                         bail!("the peer sent nothing for {timeout:?}");
+                    }
+                    idle = if work { 0 } else { idle.saturating_add(1) };
+                    if self.adaptive && idle > ADAPTIVE_SPIN {
+                        let now = dev.dp.now();
+                        let ns = next.map_or(1_000_000, |t| t.saturating_sub(now).min(1_000_000));
+                        crate::io::ppoll_ns(&mut fds, ns);
                     }
                 }
                 Err(e) => return Err(e.into()),
@@ -328,6 +371,7 @@ pub fn run(o: Options) -> Result<Vec<Record>> {
     let mut oob = Oob {
         s,
         client: o.server.is_some(),
+        adaptive: o.adaptive,
     };
     let mut v = [0u8; 16];
     v[..4].copy_from_slice(VERSION);
@@ -471,7 +515,10 @@ pub fn run(o: Options) -> Result<Vec<Record>> {
         if !rec.test.is_empty() && !o.quiet {
             print_record(&rec);
         }
-        records.push(rec);
+        records.push(Record {
+            xsk_bind: Some(dev.dp.xsks[0].mode.name()),
+            ..rec
+        });
     }
     if matches!(o.test, Test::WriteBw | Test::ReadBw) {
         // Once after all sizes (also with -a): the "client finished"

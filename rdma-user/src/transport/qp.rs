@@ -646,8 +646,13 @@ impl QpEngine {
 
     /// Largest transport segment (BTH through pad, without ICRC) this QP
     /// emits: the buffer handed to [`QpEngine::poll_transmit`] must be this long.
+    /// BTH, the longest extension headers (AtomicETH), one path MTU of
+    /// payload (requests and READ responses are cut at it; a UD message is
+    /// at most the port MTU, which `mtu` is for UD) and the pad. From the
+    /// MTU rather than 4096, so that a 1024-MTU QP fits one 2 KiB or 4 KiB
+    /// UMEM chunk on a socket without multi-buffer.
     pub fn max_segment_len(&self) -> usize {
-        12 + 28 + 4096 + 4
+        12 + 28 + self.mtu as usize + 4
     }
 
     /// `ibv_modify_qp` for an RC QP, with the IBA's per-transition required

@@ -132,3 +132,70 @@ impl RoceRepr {
         Ok(total)
     }
 }
+
+/// The destination QPN of what looks like a RoCEv2 frame, read without
+/// validating it (Ethernet with up to two VLAN tags, IPv4 or IPv6, UDP to
+/// port 4791, then the BTH's QPN field). For steering a frame to the data
+/// path that owns its QP; the owner parses and checks everything.
+pub fn peek_dest_qpn(frame: &[u8]) -> Option<u32> {
+    let be16 = |o: usize| -> Option<u16> {
+        Some(u16::from_be_bytes(frame.get(o..o + 2)?.try_into().ok()?))
+    };
+    let mut l3 = 12;
+    let mut ethertype = be16(l3)?;
+    for _ in 0..2 {
+        if ethertype == ETH_P_8021Q || ethertype == ETH_P_8021AD {
+            l3 += 4;
+            ethertype = be16(l3)?;
+        }
+    }
+    l3 += 2;
+    let l4 = match ethertype {
+        ETH_P_IPV4 => {
+            let b = *frame.get(l3)?;
+            if *frame.get(l3 + 9)? != IPPROTO_UDP {
+                return None;
+            }
+            l3 + (b as usize & 0x0f) * 4
+        }
+        ETH_P_IPV6 => {
+            if *frame.get(l3 + 6)? != IPPROTO_UDP {
+                return None;
+            }
+            l3 + 40
+        }
+        _ => return None,
+    };
+    if be16(l4 + 2)? != ROCE_V2_UDP_PORT {
+        return None;
+    }
+    let q = frame.get(l4 + 8 + 5..l4 + 8 + 8)?;
+    Some(u32::from_be_bytes([0, q[0], q[1], q[2]]))
+}
+
+#[cfg(test)]
+mod peek_tests {
+    use super::*;
+
+    #[test]
+    fn peek_reads_the_qpn_of_roce_frames_only() {
+        // Ethernet, VLAN 7, IPv4 (IHL 5, UDP), UDP to 4791, BTH to QPN 0x123456.
+        let mut f = vec![0u8; 14 + 4 + 20 + 8 + 12];
+        f[12..14].copy_from_slice(&ETH_P_8021Q.to_be_bytes());
+        f[16..18].copy_from_slice(&ETH_P_IPV4.to_be_bytes());
+        f[18] = 0x45;
+        f[18 + 9] = IPPROTO_UDP;
+        f[38 + 2..38 + 4].copy_from_slice(&ROCE_V2_UDP_PORT.to_be_bytes());
+        f[46 + 5..46 + 8].copy_from_slice(&[0x12, 0x34, 0x56]);
+        assert_eq!(peek_dest_qpn(&f), Some(0x12_3456));
+        // Another port, another protocol, or cut short: none.
+        let mut g = f.clone();
+        g[38 + 3] ^= 1;
+        assert_eq!(peek_dest_qpn(&g), None);
+        let mut g = f.clone();
+        g[18 + 9] = 6;
+        assert_eq!(peek_dest_qpn(&g), None);
+        assert_eq!(peek_dest_qpn(&f[..f.len() - 5]), None);
+        assert_eq!(peek_dest_qpn(&[]), None);
+    }
+}

@@ -55,6 +55,22 @@ impl Lab {
         Self::build(Lab::new_empty(), mtu)
     }
 
+    /// Two hosts on a veth pair with `queues` queues each way.
+    pub fn with_queues(mtu: u32, queues: u32) -> Lab {
+        let lab = Lab::new_empty();
+        let (ns, dev, addr) = (&lab.ns, &lab.dev, &lab.addr);
+        if let Err(e) = netlab::veth_pair_queues(
+            [&ns[0], &ns[1]],
+            [&dev[0], &dev[1]],
+            [&addr[0], &addr[1]],
+            Some(mtu),
+            queues,
+        ) {
+            panic!("build the lab: {e}");
+        }
+        lab
+    }
+
     /// Host A - relay namespace - host B; frames between A and B pass the
     /// relay's two interfaces (see `start_relay`).
     pub fn with_relay(mtu: u32) -> Lab {

@@ -52,11 +52,40 @@ pub fn veth_pair(
     addrs: [&str; 2],
     mtu: Option<u32>,
 ) -> io::Result<()> {
+    veth_pair_queues(ns, devs, addrs, mtu, 1)
+}
+
+/// [`veth_pair`] with `queues` RX and TX queues on each end. A frame sent
+/// on TX queue q of one end arrives on RX queue q of the other (veth keeps
+/// the queue mapping), so a sender picks the receiver's queue.
+pub fn veth_pair_queues(
+    ns: [&str; 2],
+    devs: [&str; 2],
+    addrs: [&str; 2],
+    mtu: Option<u32>,
+    queues: u32,
+) -> io::Result<()> {
     for n in ns {
         ip(&["netns", "add", n])?;
     }
+    let q = queues.max(1).to_string();
     ip(&[
-        "link", "add", devs[0], "type", "veth", "peer", "name", devs[1],
+        "link",
+        "add",
+        devs[0],
+        "numtxqueues",
+        &q,
+        "numrxqueues",
+        &q,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        devs[1],
+        "numtxqueues",
+        &q,
+        "numrxqueues",
+        &q,
     ])?;
     for i in 0..2 {
         ip(&["link", "set", devs[i], "netns", ns[i]])?;

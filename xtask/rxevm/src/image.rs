@@ -713,9 +713,7 @@ pub fn prepare(s: &Settings, log: &dyn Fn(&str)) -> Result<Image> {
     // RXEVM_KERNEL_DEB: another Debian kernel package, by path (e.g. a
     // backports kernel for AF_XDP zero-copy on virtio-net); the stamp
     // names it, so the image is rebuilt when it changes.
-    let kernel_deb = std::env::var_os("RXEVM_KERNEL_DEB")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from);
+    let kernel_deb = s.kernel_deb.clone();
     let (kpkg, kver_pkg) = match &kernel_deb {
         Some(p) => (
             p.file_name()
@@ -738,9 +736,12 @@ pub fn prepare(s: &Settings, log: &dyn Fn(&str)) -> Result<Image> {
         ver("busybox"),
     );
     drop(user_bytes);
-    let kernel = cache.join("vmlinuz");
-    let initrd = cache.join("initrd.img");
-    let stamp_file = cache.join("stamp");
+    // Another kernel's image sits beside the default one, so that runs on
+    // either do not rebuild the other's.
+    let tag = if kernel_deb.is_some() { "-alt" } else { "" };
+    let kernel = cache.join(format!("vmlinuz{tag}"));
+    let initrd = cache.join(format!("initrd{tag}.img"));
+    let stamp_file = cache.join(format!("stamp{tag}"));
     let fresh = fs::read_to_string(&stamp_file).ok().as_deref() == Some(stamp.as_str())
         && kernel.exists()
         && initrd.exists();

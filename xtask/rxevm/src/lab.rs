@@ -119,6 +119,12 @@ fn net_up(vms: &[VmId], queues: u32) -> Result<()> {
         "0",
     ])?;
     ns_sysctl(&format!("net.ipv6.conf.{BRIDGE}.disable_ipv6"), "1");
+    // The bridge is a plain wire: with br_netfilter loaded (it is here) it
+    // would validate IP headers and drop malformed frames (the hostile
+    // generator's truncated ones) before they reach a guest.
+    for k in ["iptables", "ip6tables", "arptables"] {
+        ns_sysctl(&format!("net.bridge.bridge-nf-call-{k}"), "0");
+    }
     // The bridge itself never answers ARP: replies come from the endpoint
     // that owns the address, where XDP sees the traffic that follows.
     ns_sysctl(&format!("net.ipv4.conf.{BRIDGE}.arp_ignore"), "8");
@@ -226,7 +232,14 @@ impl Lab {
             // 256 MiB code cache keeps QEMU's memory bounded.
             c.args(["-accel", "tcg,thread=multi,tb-size=256", "-cpu", "qemu64"]);
         }
-        c.args(["-smp", "1", "-m", &self.settings.mem_mib.to_string()])
+        // By default one vCPU per queue pair, so each queue's interrupts
+        // and data path can have a CPU of their own in the guest.
+        let smp = match self.settings.cpus {
+            0 => self.settings.queues,
+            n => n,
+        }
+        .to_string();
+        c.args(["-smp", &smp, "-m", &self.settings.mem_mib.to_string()])
             .args(["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"])
             .arg("-kernel")
             .arg(&image.kernel)

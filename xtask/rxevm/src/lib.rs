@@ -166,6 +166,11 @@ pub struct Settings {
     /// the tap is multi-queue and the guest's XDP gets TX queues of its own
     /// (with one, virtio-net falls back to a locked shared TX queue).
     pub queues: u32,
+    /// vCPUs per VM (`RXEVM_CPUS`, default: one per queue pair).
+    pub cpus: u32,
+    /// Another Debian kernel package for the guests (`RXEVM_KERNEL_DEB`, a
+    /// path), e.g. a backports kernel for AF_XDP zero-copy on virtio-net.
+    pub kernel_deb: Option<PathBuf>,
 }
 
 impl Settings {
@@ -200,6 +205,8 @@ impl Settings {
             mem_mib: num("RXEVM_MEM", 512)? as u32,
             boot_timeout: Duration::from_secs(num("RXEVM_BOOT_TIMEOUT", 240)?),
             queues: num("RXEVM_QUEUES", 1)?.clamp(1, 8) as u32,
+            cpus: num("RXEVM_CPUS", 0)?.min(8) as u32,
+            kernel_deb: var("RXEVM_KERNEL_DEB").map(PathBuf::from),
         })
     }
 }

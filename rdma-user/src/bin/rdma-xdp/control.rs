@@ -13,6 +13,7 @@ use rdma_user::control::daemon::{self, UpOptions};
 use rdma_user::control::proto::{hex, unhex, Post, Request};
 use rdma_user::device::datapath::Limits;
 use rdma_user::io::xdp::XdpMode;
+use rdma_user::io::xsk::XskBind;
 use serde_json::Value;
 
 use crate::{num, Global};
@@ -279,6 +280,11 @@ pub fn up(a: UpArgs, g: &Global) -> Result<()> {
         umem_frames: a.umem_frames,
         multi_buffer: !a.no_multi_buffer,
         zero_copy: !a.copy,
+        xsk_bind: if a.copy {
+            XskBind::Copy
+        } else {
+            XskBind::from_env()?
+        },
         adaptive: a.adaptive,
         cpu: a.cpu,
         cm_port: a.cm_port,
@@ -311,6 +317,19 @@ pub fn stats(g: &Global) -> Result<()> {
         println!("data path:");
         for (k, n) in v["datapath"].as_object().into_iter().flatten() {
             println!("  {k:<22} {n}");
+        }
+        println!("AF_XDP sockets (one per queue):");
+        for (q, x) in v["xsk"].as_array().into_iter().flatten().enumerate() {
+            println!(
+                "  queue {q}: {}{}, rx {} tx {} frames, kernel drops {} (ring full {}, fill ring empty {})",
+                x["bind"].as_str().unwrap_or("?"),
+                if x["multi_buffer"] == true { ", multi-buffer" } else { "" },
+                x["rx_frames"],
+                x["tx_frames"],
+                x["kernel_rx_dropped"],
+                x["kernel_rx_ring_full"],
+                x["kernel_rx_fill_ring_empty"]
+            );
         }
     }
     Ok(())

@@ -35,6 +35,12 @@ struct Cli {
     /// result records to FILE instead.
     #[arg(long, global = true, num_args = 0..=1, value_name = "FILE")]
     json: Option<Option<PathBuf>>,
+    /// How AF_XDP sockets bind: auto (zero-copy if the driver takes it,
+    /// else copy mode), zero-copy (or fail; without multi-buffer where the
+    /// driver has no multi-buffer zero-copy) or copy. Sets RDMA_XDP_XSK,
+    /// which programs run by `exec` inherit.
+    #[arg(long, global = true, value_parser = ["auto", "zero-copy", "copy"])]
+    xsk: Option<String>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -164,6 +170,11 @@ fn json_flag_last(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> 
 }
 
 fn run(cli: Cli) -> Result<()> {
+    if let Some(x) = &cli.xsk {
+        // Before any thread starts: the data path and the tools read it
+        // when they open their sockets, and `exec` passes it on.
+        std::env::set_var(rdma_user::io::xsk::XSK_BIND_ENV, x);
+    }
     let json_file = cli.json.clone().flatten();
     if json_file.is_some()
         && !matches!(

@@ -49,6 +49,11 @@ pub struct BenchArgs {
     /// must use the same family, e.g. `-x 2` for fd99:: in the rxe VM).
     #[arg(long)]
     pub local_ip: Option<std::net::IpAddr>,
+    /// While it only waits for its peer (a bandwidth test's target, the
+    /// exchanges), sleep in poll(2) on the sockets instead of spinning, as
+    /// perftest's server sleeps in read(): its CPU time is then the work.
+    #[arg(long)]
+    pub adaptive: bool,
 }
 #[derive(Args)]
 pub struct BaselineArgs {
@@ -310,6 +315,7 @@ pub fn bench(b: BenchArgs, g: &Global) -> Result<()> {
         qps: b.qps,
         local_ip: b.local_ip,
         quiet: false,
+        adaptive: b.adaptive,
     })?;
     if let Some(f) = json_file {
         std::fs::write(&f, serde_json::to_string_pretty(&recs)?)
