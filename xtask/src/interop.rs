@@ -107,16 +107,7 @@ pub(crate) fn boot(vms: &[VmId], keep: bool) -> Result<(Lab, String)> {
 /// [`boot`] with settings of the caller's (another kernel, more queues).
 pub(crate) fn boot_with(settings: Settings, vms: &[VmId], keep: bool) -> Result<(Lab, String)> {
     if !keep {
-        // Ctrl-C: the VMs (same process group) get it too, but our side runs
-        // in process groups of its own and the namespace would stay.
-        let s = settings.clone();
-        ctrlc::set_handler(move || {
-            eprintln!("interrupted: stopping the VMs and removing namespace {NETNS}");
-            rxevm::interrupted(&s);
-            netns_del(RELAY_NS);
-            std::process::exit(130);
-        })
-        .context("install the Ctrl-C handler")?;
+        on_ctrl_c_stop(&settings)?;
     }
     let t0 = Instant::now();
     let image = crate::vm::image(&settings)?;
@@ -134,6 +125,33 @@ pub(crate) fn boot_with(settings: Settings, vms: &[VmId], keep: bool) -> Result<
         lab.accel()
     );
     Ok((lab, what))
+}
+
+/// The settings whose VMs Ctrl-C stops: the latest lab booted. One process
+/// may boot several labs in turn (`cargo xtask test` runs the rxe interop and
+/// then the guest cases), and a process can install its handler only once.
+static CTRL_C_LAB: std::sync::Mutex<Option<Settings>> = std::sync::Mutex::new(None);
+
+/// Ctrl-C: the VMs (same process group) get it too, but our side runs in
+/// process groups of its own and the namespace would stay.
+fn on_ctrl_c_stop(settings: &Settings) -> Result<()> {
+    let first = {
+        let mut lab = CTRL_C_LAB.lock().unwrap_or_else(|e| e.into_inner());
+        lab.replace(settings.clone()).is_none()
+    };
+    if first {
+        ctrlc::set_handler(|| {
+            eprintln!("interrupted: stopping the VMs and removing namespace {NETNS}");
+            let lab = CTRL_C_LAB.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            if let Some(s) = lab {
+                rxevm::interrupted(&s);
+            }
+            netns_del(RELAY_NS);
+            std::process::exit(130);
+        })
+        .context("install the Ctrl-C handler")?;
+    }
+    Ok(())
 }
 
 /// One capture per case when asked for (removed again on drop).

@@ -225,20 +225,29 @@ impl Lab {
         let qemu_log = fs::File::create(file("qemu.log")).map_err(io_err("create the QEMU log"))?;
         let mut c = image.qemu.command(&["ip", "netns", "exec", NETNS]);
         c.args(["-name", &format!("rxevm-{id}"), "-machine", "pc"]);
+        // By default one vCPU per queue pair, so each queue's interrupts
+        // and data path can have a CPU of their own in the guest.
+        let cpus = match self.settings.cpus {
+            0 => self.settings.queues,
+            n => n,
+        };
         if kvm {
             c.args(["-accel", "kvm", "-cpu", "host"]);
         } else {
             // qemu64: "max" once crashed the guest kernel under TCG; a
-            // 256 MiB code cache keeps QEMU's memory bounded.
-            c.args(["-accel", "tcg,thread=multi,tb-size=256", "-cpu", "qemu64"]);
+            // 256 MiB code cache keeps QEMU's memory bounded. Several vCPUs
+            // share one translation thread: with a thread each, a vCPU
+            // executed a breakpoint the kernel had already patched away
+            // (an int3 Oops in a static branch, text_poke racing between
+            // vCPUs), which panicked the guest.
+            let tcg = if cpus > 1 {
+                "tcg,thread=single,tb-size=256"
+            } else {
+                "tcg,thread=multi,tb-size=256"
+            };
+            c.args(["-accel", tcg, "-cpu", "qemu64"]);
         }
-        // By default one vCPU per queue pair, so each queue's interrupts
-        // and data path can have a CPU of their own in the guest.
-        let smp = match self.settings.cpus {
-            0 => self.settings.queues,
-            n => n,
-        }
-        .to_string();
+        let smp = cpus.to_string();
         c.args(["-smp", &smp, "-m", &self.settings.mem_mib.to_string()])
             .args(["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"])
             .arg("-kernel")
