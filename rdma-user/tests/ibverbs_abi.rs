@@ -187,11 +187,13 @@ fn devices_ports_and_gids_as_rxe_reports_them() {
 /// Runs `server` in host 1 and `client` (with host 1's address appended)
 /// in host 0, both through `rdma-xdp exec`; returns both outputs.
 fn pair(lab: &lab::Lab, server: &[&str], client: &[&str]) -> (String, String) {
-    let mut args = vec!["exec", "--"];
+    // RDMA_XDP_STATS: each side's data path counters on stderr at close,
+    // shown when the pair fails.
+    let mut args = vec!["exec", "--", "env", "RDMA_XDP_STATS=1"];
     args.extend_from_slice(server);
     let srv = lab.spawn(1, &args);
     std::thread::sleep(std::time::Duration::from_millis(1500));
-    let mut cargs = vec!["exec", "--"];
+    let mut cargs = vec!["exec", "--", "env", "RDMA_XDP_STATS=1"];
     cargs.extend_from_slice(client);
     cargs.push(&lab.addr[1]);
     let cli = lab.exec(0, lab::BIN, &cargs);

@@ -522,6 +522,15 @@ pub(crate) fn bench_vs_rxe(quick: bool, copy_too: bool, only: Option<&str>) -> R
     drop(lab);
     let out_dir = root().join("target/bench");
     std::fs::create_dir_all(&out_dir)?;
+    if only.is_some() {
+        // Points measured again replace their records of an earlier run;
+        // the others stay, so the table stays whole.
+        let earlier: Vec<Value> = std::fs::read(out_dir.join("vs-rxe.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        records = merge_records(earlier, records);
+    }
     std::fs::write(
         out_dir.join("vs-rxe.json"),
         serde_json::to_string_pretty(&records)?,
@@ -617,6 +626,27 @@ fn table(records: &[Value]) -> String {
     s
 }
 
+/// `earlier` with each record of `newer` in place of the one for the same
+/// implementation, bind mode, test and size (appended where there was none).
+fn merge_records(earlier: Vec<Value>, newer: Vec<Value>) -> Vec<Value> {
+    let key = |r: &Value| {
+        (
+            r["impl"].to_string(),
+            r["xsk_bind"].to_string(),
+            r["test"].to_string(),
+            r["bytes"].to_string(),
+        )
+    };
+    let mut out = earlier;
+    for r in newer {
+        match out.iter_mut().find(|e| key(e) == key(&r)) {
+            Some(e) => *e = r,
+            None => out.push(r),
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -639,5 +669,21 @@ mod tests {
         let o = parse_perftest(bw, 65536, false).unwrap();
         assert_eq!(o.value, 0.41);
         assert!((o.msgs_per_s - 790.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn records_measured_again_replace_their_point_only() {
+        let r = |imp: &str, bytes: u64, v: f64| json!({"impl": imp, "test": "read_bw", "bytes": bytes, "bw_avg_gbps": v});
+        let earlier = vec![r("rxe", 64, 1.0), r("ours", 64, 2.0), r("rxe", 65536, 3.0)];
+        let merged = merge_records(earlier, vec![r("ours", 64, 5.0), r("ours", 65536, 6.0)]);
+        assert_eq!(
+            merged,
+            vec![
+                r("rxe", 64, 1.0),
+                r("ours", 64, 5.0),
+                r("rxe", 65536, 3.0),
+                r("ours", 65536, 6.0)
+            ]
+        );
     }
 }

@@ -1307,6 +1307,27 @@ impl DataPath {
     /// deferred (to send an ACK and the next request in one syscall) goes
     /// now. For a thread that may not take the next turn (a program's
     /// post or poll; the data path thread may be asleep).
+    /// Kicks every socket until the kernel has taken all frames queued for
+    /// transmission, for at most `limit`; whether it did. Closing a socket
+    /// discards what its TX ring still holds, and copy mode transmits only
+    /// 32 frames per wakeup: the last ACK of a program that exits at once
+    /// would be lost, and its peer's SEND would retry until RETRY_EXC_ERR.
+    pub fn drain_tx(&mut self, limit: std::time::Duration) -> bool {
+        let t0 = std::time::Instant::now();
+        loop {
+            for x in &mut self.xsks {
+                x.kick();
+            }
+            if self.xsks.iter().all(|x| x.tx_drained()) {
+                return true;
+            }
+            if t0.elapsed() >= limit {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+    }
+
     pub fn poll_flushed(&mut self) -> (bool, Option<Nanos>) {
         let r = self.poll();
         if std::mem::take(&mut self.kick_deferred) {

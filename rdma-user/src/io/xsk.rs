@@ -673,6 +673,12 @@ impl Xsk {
         self.reap();
     }
 
+    /// Whether every frame handed to this socket has left: nothing waits
+    /// in the backlog or in the TX ring for the kernel.
+    pub fn tx_drained(&self) -> bool {
+        self.tx_backlog.is_empty() && self.tx.pending() == 0
+    }
+
     /// One line of ring and pool state, for diagnostics.
     pub fn debug_state(&self) -> String {
         format!(

@@ -124,6 +124,9 @@ fn flush(dp: &mut DataPath) {
             break;
         }
     }
+    // Due frames are queued now; they must also leave before the socket
+    // can close. A link that takes nothing for 100 ms is not waited for.
+    dp.drain_tx(std::time::Duration::from_millis(100));
 }
 
 impl Drop for Inner {
