@@ -691,6 +691,28 @@ pub mod stat {
     ];
 }
 
+/// The MR pool (issue 20): memory the XDP program may place RDMA WRITE
+/// payloads into. One `BPF_F_MMAPABLE` array map of one value, mapped by
+/// user space with `MAP_SHARED`; MRs registered "in the pool" are ranges
+/// of that value.
+pub mod mr_pool {
+    /// Usable bytes. A power of two, so that XDP can mask an offset into
+    /// it: the verifier only accepts a variable offset into a map value it
+    /// can bound (and below 2^29).
+    pub const BYTES: usize = 64 << 20;
+    /// Mask of an offset inside the pool.
+    pub const MASK: u64 = BYTES as u64 - 1;
+    /// Pool ranges are whole pages, so that a range can be mapped over an
+    /// application's pages.
+    pub const PAGE: usize = 4096;
+    /// Past the usable bytes: a copy of at most one page at a masked
+    /// offset stays inside the value (the verifier proves `offset + len <=
+    /// value size` from the masks alone).
+    pub const SLACK: usize = PAGE;
+    /// The map value's size.
+    pub const VALUE_BYTES: usize = BYTES + SLACK;
+}
+
 /// Global switches written by userspace into the `CONFIG` array map.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]

@@ -12,7 +12,7 @@
 use core::mem::size_of;
 
 use aya_ebpf::{
-    bindings::xdp_action,
+    bindings::{xdp_action, BPF_F_MMAPABLE},
     helpers::bpf_xdp_get_buff_len,
     macros::{map, xdp},
     maps::{Array, HashMap, PerCpuArray, XskMap},
@@ -20,7 +20,7 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::debug;
 use rdma_common::{
-    stat, Bth, EthHdr, Ipv4Hdr, Ipv6Hdr, LiveQp, UdpHdr, VlanHdr, XdpConfig, ETH_P_8021AD,
+    mr_pool, stat, Bth, EthHdr, Ipv4Hdr, Ipv6Hdr, LiveQp, UdpHdr, VlanHdr, XdpConfig, ETH_P_8021AD,
     ETH_P_8021Q, ETH_P_IPV4, ETH_P_IPV6, ICRC_LEN, IPPROTO_UDP, OPCODE_FLAGS, ROCE_V2_UDP_PORT,
 };
 
@@ -37,6 +37,12 @@ static LIVE_QPS: HashMap<u32, LiveQp> = HashMap::with_max_entries(4096, 0);
 
 #[map]
 static CONFIG: Array<XdpConfig> = Array::with_max_entries(1, 0);
+
+/// The MR pool: registered memory this program may place payloads into.
+/// User space maps the one value `MAP_SHARED` and registers MRs inside it.
+#[map]
+static MR_POOL: Array<[u8; mr_pool::VALUE_BYTES]> =
+    Array::with_max_entries(1, BPF_F_MMAPABLE as u32);
 
 #[xdp(frags)]
 pub fn rdma_xdp(ctx: XdpContext) -> u32 {

@@ -393,6 +393,73 @@ fn rdma_write_read_send_atomics_between_namespaces() {
     assert_eq!(q["qps"][0]["stats"]["retransmits"], 0, "{q}");
 }
 
+/// `mr reg --pool` takes its memory from the XDP program's MR pool map:
+/// a peer's WRITE lands there, the pool says when it is full, and a
+/// deregistration gives the range back.
+#[test]
+fn pool_mrs_take_writes_say_when_full_and_free_on_dereg() {
+    let _g = serial();
+    let mut lab = Lab::new(1500);
+    lab.up(0, &[]);
+    lab.up(1, &[]);
+    let (_, a_l, _) = lab.mr(0, 1 << 16, "all");
+    let reg = |len: usize| {
+        lab.rdma(
+            1,
+            &[
+                "mr",
+                "reg",
+                "--len",
+                &len.to_string(),
+                "--access",
+                "all",
+                "--pool",
+            ],
+        )
+    };
+    let first = reg(5000).unwrap();
+    let second = reg(1 << 16).unwrap();
+    assert_eq!(first["pool_offset"], 0, "{first}");
+    // 5000 bytes take two pages.
+    assert_eq!(second["pool_offset"], 8192, "{second}");
+    let (b_addr, b_l, b_r) = (
+        second["addr"].as_u64().unwrap(),
+        second["lkey"].as_u64().unwrap(),
+        second["rkey"].as_u64().unwrap(),
+    );
+    let (qa, _) = lab.connect();
+    let data: Vec<u8> = (0..10000u32).map(|i| (i * 7 + 3) as u8).collect();
+    let v = lab.post_ok(
+        "write",
+        qa,
+        a_l,
+        &["--data", &hex(&data)],
+        b_addr + 300,
+        b_r,
+    );
+    assert_eq!(v["wc"]["status"], "success");
+    assert_eq!(lab.mr_bytes(1, b_l, 300, 10000), data);
+    assert_eq!(lab.mr_bytes(1, b_l, 0, 300), vec![0u8; 300]);
+    let list = lab.ok(1, &["mr", "list"]);
+    let pooled: Vec<_> = list["mrs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["pool_offset"].as_u64())
+        .collect();
+    assert_eq!(pooled.len(), 2, "{list}");
+    // 64 MiB do not fit beside what is taken: a clear error, nothing leaks.
+    let e = reg(64 << 20).unwrap_err();
+    assert!(e.contains("MR pool has no free range"), "{e}");
+    // Freed ranges are handed out again, zeroed.
+    lab.ok(1, &["mr", "dereg", &b_r.to_string()]);
+    lab.ok(1, &["mr", "dereg", &first["lkey"].to_string()]);
+    let again = reg((64 << 20) - 4096).unwrap();
+    assert_eq!(again["pool_offset"], 0, "{again}");
+    let k = again["lkey"].as_u64().unwrap();
+    assert_eq!(lab.mr_bytes(1, k, 8192 + 300, 64), vec![0u8; 64]);
+}
+
 /// A daemon that does not offer selective repeat gets go-back-N, whoever
 /// connects, and the QP still works.
 #[test]

@@ -84,6 +84,17 @@ struct Ctl {
     selective_repeat: bool,
     stop: Arc<AtomicBool>,
     socket_mode: String,
+    /// The MR pool (`mr reg --pool`), or why there is none.
+    pool: std::result::Result<Mutex<MrPool>, String>,
+}
+
+/// The MR pool as the daemon hands it out: the mapping of the XDP
+/// program's `MR_POOL` map, its free pages, and which MR has which range.
+struct MrPool {
+    map: crate::io::xdp::PoolMapping,
+    pages: crate::memory::PagePool,
+    /// lkey -> offset of the MR's range.
+    by_lkey: HashMap<u32, usize>,
 }
 
 impl Ctl {
@@ -171,6 +182,19 @@ pub fn run(opts: UpOptions) -> Result<()> {
     clean_stale(&iface);
     let mut xdp = XdpProgram::attach(&iface, opts.xdp_mode)?;
     xdp.set_firewall(opts.firewall)?;
+    let pool = xdp
+        .map_pool()
+        .map(|map| {
+            Mutex::new(MrPool {
+                pages: crate::memory::PagePool::new(map.usable(), rdma_common::mr_pool::PAGE),
+                map,
+                by_lkey: HashMap::new(),
+            })
+        })
+        .map_err(|e| format!("{e:#}"));
+    if let Err(e) = &pool {
+        log::warn!("{iface}: no MR pool ({e}); `mr reg --pool` will fail");
+    }
     let queues = match opts.queues {
         Some(q) => q,
         None => rx_queues(&iface)?,
@@ -247,6 +271,7 @@ pub fn run(opts: UpOptions) -> Result<()> {
         selective_repeat: opts.selective_repeat,
         stop: stop.clone(),
         socket_mode: socket_mode.clone(),
+        pool,
     });
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -424,6 +449,46 @@ fn find_mr(dp: &DataPath, key: u32) -> Result<(u32, u64, usize)> {
     Ok((mr.lkey, mr.addr, mr.len()))
 }
 
+/// `mr reg --pool`: a zeroed range of the MR pool, registered on the
+/// first data path at its own address (the caller mirrors it to the rest).
+async fn reg_in_pool(ctl: &Ctl, len: usize, access: Access) -> Result<Value> {
+    let pool = ctl
+        .pool
+        .as_ref()
+        .map_err(|why| anyhow!("this daemon has no MR pool ({why}); register without --pool"))?;
+    let (off, addr) = {
+        let mut p = pool.lock().expect("pool lock");
+        let off = p.pages.alloc(len)?;
+        let ptr = p.map.as_ptr().wrapping_add(off);
+        // SAFETY: the allocator just handed out off..off+len (whole pages
+        // inside the usable part); nothing else uses that range.
+        unsafe { std::ptr::write_bytes(ptr, 0, len) };
+        (off, ptr as u64)
+    };
+    let reg = ctl
+        .run(move |dp| {
+            // SAFETY: the pool mapping lives in `Ctl`, which outlives the
+            // data paths; the range is this MR's until `MrDereg` frees it
+            // after every data path deregistered it.
+            let (lkey, rkey) =
+                unsafe { dp.core.reg_mr_raw(1, addr as *mut u8, len, addr, access)? };
+            Ok(json!({"addr": addr, "len": len, "lkey": lkey, "rkey": rkey, "access": access.to_string(), "pool_offset": off}))
+        })
+        .await;
+    let mut p = pool.lock().expect("pool lock");
+    match reg {
+        Ok(v) => {
+            p.by_lkey
+                .insert(v["lkey"].as_u64().unwrap_or(0) as u32, off);
+            Ok(v)
+        }
+        Err(e) => {
+            p.pages.free(off);
+            Err(e)
+        }
+    }
+}
+
 fn check_range(offset: u64, len: u64, mr_len: usize) -> Result<()> {
     if offset.checked_add(len).is_none_or(|e| e > mr_len as u64) {
         bail!(
@@ -449,15 +514,18 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
             let dp = merge_stats(&ctl.run_all(|dp| Ok(dp.stats_json())).await?);
             Ok(json!({"iface": ctl.iface, "mode": ctl.socket_mode, "xdp": xdp, "datapath": dp["datapath"], "xsk": dp["xsk"]}))
         }
-        Request::MrReg { len, access } => {
+        Request::MrReg { len, access, pool } => {
             let access = Access::parse(&access).map_err(|e| anyhow!(e))?;
-            let v = ctl
-                .run(move |dp| {
+            let v = if pool {
+                reg_in_pool(ctl, len, access).await?
+            } else {
+                ctl.run(move |dp| {
                     let pd = 1;
                     let (addr, lkey, rkey) = dp.core.reg_mr(pd, len, access)?;
                     Ok(json!({"addr": addr, "len": len, "lkey": lkey, "rkey": rkey, "access": access.to_string()}))
                 })
-                .await?;
+                .await?
+            };
             // The other data paths see the same memory under the same keys.
             let (addr, lkey, rkey) = (
                 v["addr"].as_u64().unwrap_or(0),
@@ -466,9 +534,10 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
             );
             for i in 1..ctl.shards() {
                 ctl.run_on(i, move |dp| {
-                    // SAFETY: the first data path owns the mapping and
-                    // unmaps it only after every other one has dropped
-                    // this registration (`MrDereg` goes last to it).
+                    // SAFETY: the first data path (or the pool) owns the
+                    // memory and frees it only after every other data path
+                    // has dropped this registration (`MrDereg` goes last
+                    // to the first).
                     unsafe { dp.core.mirror_mr(1, addr as *mut u8, len, access, lkey, rkey)? };
                     Ok(json!({}))
                 })
@@ -487,19 +556,41 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
                 Ok(json!({"mrs": v}))
             })
             .await
+            .map(|mut v| {
+                if let Ok(p) = &ctl.pool {
+                    let p = p.lock().expect("pool lock");
+                    for m in v["mrs"].as_array_mut().into_iter().flatten() {
+                        let lkey = m["lkey"].as_u64().unwrap_or(0) as u32;
+                        if let Some(off) = p.by_lkey.get(&lkey) {
+                            m["pool_offset"] = json!(off);
+                        }
+                    }
+                }
+                v
+            })
         }
         Request::MrDereg { key } => {
             let key = parse_key(&key)?;
             // The mirrors first, the owner of the memory last.
+            let mut lkey = key;
             for i in (0..ctl.shards()).rev() {
-                ctl.run_on(i, move |dp| {
-                    let (lkey, _, _) = find_mr(dp, key)?;
-                    dp.core.dereg_mr(lkey)?;
-                    Ok(json!({"lkey": lkey}))
-                })
-                .await?;
+                let v = ctl
+                    .run_on(i, move |dp| {
+                        let (lkey, _, _) = find_mr(dp, key)?;
+                        dp.core.dereg_mr(lkey)?;
+                        Ok(json!({"lkey": lkey}))
+                    })
+                    .await?;
+                lkey = v["lkey"].as_u64().unwrap_or(0) as u32;
             }
-            Ok(json!({"lkey": key}))
+            // No data path uses it any more: its pool range is free again.
+            if let Ok(p) = &ctl.pool {
+                let mut p = p.lock().expect("pool lock");
+                if let Some(off) = p.by_lkey.remove(&lkey) {
+                    p.pages.free(off);
+                }
+            }
+            Ok(json!({"lkey": lkey}))
         }
         Request::MrRead { key, offset, len } => {
             let key = parse_key(&key)?;

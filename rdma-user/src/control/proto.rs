@@ -16,6 +16,9 @@ pub enum Request {
     MrReg {
         len: usize,
         access: String,
+        /// In the MR pool, where the XDP program can place WRITEs.
+        #[serde(default)]
+        pool: bool,
     },
     MrList,
     MrDereg {

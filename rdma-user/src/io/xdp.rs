@@ -3,13 +3,14 @@
 //! It must not decide about packets: the XDP program does, userspace only
 //! loads it, fills its maps and reads its counters.
 
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::ptr::NonNull;
 
-use anyhow::{anyhow, Context, Result};
-use aya::maps::{Array, HashMap, MapData, PerCpuArray, XskMap};
+use anyhow::{anyhow, bail, Context, Result};
+use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, XskMap};
 use aya::programs::{Xdp, XdpMode as AyaMode};
 use aya::Ebpf;
-use rdma_common::{stat, LiveQp, XdpConfig};
+use rdma_common::{mr_pool, stat, LiveQp, XdpConfig};
 
 /// Where the program runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -143,6 +144,16 @@ impl XdpProgram {
         Ok(())
     }
 
+    /// Maps the MR pool (`MR_POOL`, one `BPF_F_MMAPABLE` value) into this
+    /// process. The mapping keeps the map alive on its own: it stays valid
+    /// after the program is detached.
+    pub fn map_pool(&self) -> Result<PoolMapping> {
+        let Some(Map::Array(data)) = self.ebpf.map("MR_POOL") else {
+            bail!("MR_POOL map missing from the XDP object");
+        };
+        PoolMapping::new(data.fd().as_fd())
+    }
+
     /// Forwards log records from the program (debug level, drops only).
     pub fn flush_log(&mut self) {
         if let Some(l) = self.logger.as_mut() {
@@ -153,4 +164,70 @@ impl XdpProgram {
 
 pub fn stat_names() -> &'static [&'static str] {
     &stat::NAMES
+}
+
+/// The MR pool mapped `MAP_SHARED`: the same pages the XDP program writes
+/// into. Only the usable [`mr_pool::BYTES`] are handed out; the slack page
+/// behind them is the verifier's, never an MR's.
+pub struct PoolMapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: plain shared memory; who may touch which range is decided by the
+// pool allocator and the MR table that own it.
+unsafe impl Send for PoolMapping {}
+// SAFETY: as above; the mapping itself is never changed after creation.
+unsafe impl Sync for PoolMapping {}
+
+impl PoolMapping {
+    fn new(fd: BorrowedFd<'_>) -> Result<PoolMapping> {
+        let len = mr_pool::VALUE_BYTES;
+        // SAFETY: FFI with a valid fd and a length equal to the map value
+        // (page-aligned, so the whole array is covered); checked below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            bail!(
+                "mmap the MR pool map ({len} bytes): {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        Ok(PoolMapping {
+            ptr: NonNull::new(p as *mut u8).ok_or_else(|| anyhow!("mmap returned null"))?,
+            len,
+        })
+    }
+
+    /// The first byte of the pool.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// The bytes MRs may use (the slack excluded).
+    pub fn usable(&self) -> usize {
+        mr_pool::BYTES
+    }
+
+    /// Whether `ptr..ptr+len` lies in the usable part; its offset if so.
+    pub fn offset_of(&self, ptr: *const u8, len: usize) -> Option<usize> {
+        let off = (ptr as usize).checked_sub(self.as_ptr() as usize)?;
+        (off.checked_add(len)? <= self.usable()).then_some(off)
+    }
+}
+
+impl Drop for PoolMapping {
+    fn drop(&mut self) {
+        // SAFETY: exactly the range mmap returned; nothing borrows it any
+        // more (its owner drops it after the MRs inside are gone).
+        unsafe { libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, self.len) };
+    }
 }

@@ -8,7 +8,7 @@
 //! It knows nothing of packets or QPs: callers bring the key, the PD, the
 //! range and the access they need.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -537,6 +537,100 @@ pub enum AtomicOp {
     CmpSwap { compare: u64, swap: u64 },
 }
 
+/// Hands out page-aligned ranges of the MR pool (first fit; freed ranges
+/// merge with their neighbours). Offsets only: the memory is the caller's.
+#[derive(Debug)]
+pub struct PagePool {
+    page: usize,
+    /// Free ranges, start -> length.
+    free: BTreeMap<usize, usize>,
+    /// Ranges handed out, start -> length.
+    used: HashMap<usize, usize>,
+}
+
+/// No free range is large enough.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolFull {
+    pub wanted: usize,
+    /// The largest free range.
+    pub largest: usize,
+    pub free: usize,
+}
+
+impl fmt::Display for PoolFull {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the MR pool has no free range of {} bytes ({} bytes free, the largest range {})",
+            self.wanted, self.free, self.largest
+        )
+    }
+}
+
+impl std::error::Error for PoolFull {}
+
+impl PagePool {
+    /// A pool of `bytes` (a multiple of `page`).
+    pub fn new(bytes: usize, page: usize) -> PagePool {
+        assert!(page.is_power_of_two() && bytes % page == 0);
+        let mut free = BTreeMap::new();
+        if bytes > 0 {
+            free.insert(0, bytes);
+        }
+        PagePool {
+            page,
+            free,
+            used: HashMap::new(),
+        }
+    }
+
+    /// The start of a free range of at least `len` bytes (whole pages).
+    pub fn alloc(&mut self, len: usize) -> Result<usize, PoolFull> {
+        let want = len.max(1).div_ceil(self.page) * self.page;
+        let Some((&start, &have)) = self.free.iter().find(|(_, &l)| l >= want) else {
+            return Err(PoolFull {
+                wanted: want,
+                largest: self.free.values().copied().max().unwrap_or(0),
+                free: self.free_bytes(),
+            });
+        };
+        self.free.remove(&start);
+        if have > want {
+            self.free.insert(start + want, have - want);
+        }
+        self.used.insert(start, want);
+        Ok(start)
+    }
+
+    /// Gives back the range that starts at `start`; false if none does.
+    pub fn free(&mut self, start: usize) -> bool {
+        let Some(len) = self.used.remove(&start) else {
+            return false;
+        };
+        let (mut lo, mut hi) = (start, start + len);
+        if let Some((&prev, &plen)) = self.free.range(..start).next_back() {
+            if prev + plen == start {
+                self.free.remove(&prev);
+                lo = prev;
+            }
+        }
+        if let Some(nlen) = self.free.remove(&hi) {
+            hi += nlen;
+        }
+        self.free.insert(lo, hi - lo);
+        true
+    }
+
+    pub fn free_bytes(&self) -> usize {
+        self.free.values().sum()
+    }
+
+    /// The length handed out at `start`, if any.
+    pub fn allocated(&self, start: usize) -> Option<usize> {
+        self.used.get(&start).copied()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -626,6 +720,31 @@ mod tests {
         assert!(l2 != l && r2 != r && l2 != r && r2 != l);
         assert!(t.by_lkey(l).is_none() && t.by_rkey(r).is_none());
         assert_eq!(t.len(), 1);
+    }
+
+    #[test]
+    fn page_pool_first_fit_merges_and_reports_full() {
+        let mut p = PagePool::new(16 * 4096, 4096);
+        let a = p.alloc(1).unwrap();
+        let b = p.alloc(4097).unwrap();
+        let c = p.alloc(4096).unwrap();
+        assert_eq!((a, b, c), (0, 4096, 3 * 4096));
+        assert_eq!(p.allocated(b), Some(8192));
+        assert_eq!(p.free_bytes(), 12 * 4096);
+        // A hole of two pages is reused first fit, the rest stays free.
+        assert!(p.free(b));
+        assert!(!p.free(b), "a second free is refused");
+        assert_eq!(p.alloc(4096).unwrap(), 4096);
+        let e = p.alloc(13 * 4096).unwrap_err();
+        assert_eq!(e.wanted, 13 * 4096);
+        assert_eq!(e.largest, 12 * 4096);
+        assert_eq!(e.free, 13 * 4096);
+        // Freeing everything merges back into one range.
+        for s in [0, 4096, 3 * 4096] {
+            assert!(p.free(s));
+        }
+        assert_eq!(p.free_bytes(), 16 * 4096);
+        assert_eq!(p.alloc(16 * 4096).unwrap(), 0);
     }
 
     #[test]

@@ -110,6 +110,10 @@ pub enum MrCmd {
             default_value = "local-write,remote-write,remote-read,remote-atomic"
         )]
         access: String,
+        /// Take the memory from the MR pool: the map the XDP program can
+        /// place RDMA WRITE payloads into (64 MiB per daemon).
+        #[arg(long)]
+        pool: bool,
     },
     List,
     Dereg {
@@ -335,10 +339,18 @@ pub fn stats(g: &Global) -> Result<()> {
     Ok(())
 }
 
+/// " pool +OFFSET" for an MR in the MR pool.
+fn pool_note(v: &serde_json::Value) -> String {
+    v["pool_offset"]
+        .as_u64()
+        .map(|o| format!(" pool +0x{o:x}"))
+        .unwrap_or_default()
+}
+
 pub fn mr(m: MrCmd, g: &Global) -> Result<()> {
     let json = g.json;
     let req = match m {
-        MrCmd::Reg { len, access } => Request::MrReg { len, access },
+        MrCmd::Reg { len, access, pool } => Request::MrReg { len, access, pool },
         MrCmd::List => Request::MrList,
         MrCmd::Dereg { key } => Request::MrDereg { key },
         MrCmd::Read { key, offset, len } => Request::MrRead { key, offset, len },
@@ -368,12 +380,13 @@ pub fn mr(m: MrCmd, g: &Global) -> Result<()> {
     }
     match &req {
         Request::MrReg { .. } => println!(
-            "addr 0x{:x} len {} lkey 0x{:08x} rkey 0x{:08x} access {}",
+            "addr 0x{:x} len {} lkey 0x{:08x} rkey 0x{:08x} access {}{}",
             v["addr"].as_u64().unwrap_or(0),
             v["len"],
             v["lkey"].as_u64().unwrap_or(0),
             v["rkey"].as_u64().unwrap_or(0),
-            v["access"].as_str().unwrap_or("")
+            v["access"].as_str().unwrap_or(""),
+            pool_note(&v)
         ),
         Request::MrList => {
             println!(
@@ -382,12 +395,13 @@ pub fn mr(m: MrCmd, g: &Global) -> Result<()> {
             );
             for m in v["mrs"].as_array().into_iter().flatten() {
                 println!(
-                    "0x{:<16x} {:>10} 0x{:08x} 0x{:08x}  {}",
+                    "0x{:<16x} {:>10} 0x{:08x} 0x{:08x}  {}{}",
                     m["addr"].as_u64().unwrap_or(0),
                     m["len"],
                     m["lkey"].as_u64().unwrap_or(0),
                     m["rkey"].as_u64().unwrap_or(0),
-                    m["access"].as_str().unwrap_or("")
+                    m["access"].as_str().unwrap_or(""),
+                    pool_note(m)
                 );
             }
         }
