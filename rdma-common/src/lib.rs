@@ -675,7 +675,14 @@ pub mod stat {
     pub const DROP_QPN_NOT_LIVE: u32 = 8;
     /// Source address or UDP port does not match the connected QP's peer.
     pub const DROP_SPOOFED_SOURCE: u32 = 9;
-    pub const COUNT: u32 = 10;
+    /// An RDMA WRITE placed into the MR pool by XDP itself, no ACK asked.
+    pub const XDP_PLACED: u32 = 10;
+    /// An RDMA WRITE placed by XDP and answered with an ACK by XDP_TX.
+    pub const XDP_ACKED: u32 = 11;
+    /// A request to a QP lent to XDP that XDP left to user space (the
+    /// per-QP counters say why); it was redirected.
+    pub const XDP_PUNTED: u32 = 12;
+    pub const COUNT: u32 = 13;
 
     pub const NAMES: [&str; COUNT as usize] = [
         "redirect",
@@ -688,8 +695,13 @@ pub mod stat {
         "drop_unknown_opcode",
         "drop_qpn_not_live",
         "drop_spoofed_source",
+        "xdp_placed",
+        "xdp_acked",
+        "xdp_punted",
     ];
 }
+
+pub mod fastpath;
 
 /// The MR pool (issue 20): memory the XDP program may place RDMA WRITE
 /// payloads into. One `BPF_F_MMAPABLE` array map of one value, mapped by
@@ -744,6 +756,9 @@ unsafe impl aya::Pod for LiveQp {}
 // SAFETY: as for LiveQp (bytemuck's Pod derive: repr(C), no padding).
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for XdpConfig {}
+// SAFETY: as for LiveQp (bytemuck's Pod derive: repr(C), no padding).
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for fastpath::PoolMr {}
 
 #[cfg(test)]
 mod tests {

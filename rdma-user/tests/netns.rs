@@ -400,8 +400,9 @@ fn rdma_write_read_send_atomics_between_namespaces() {
 fn pool_mrs_take_writes_say_when_full_and_free_on_dereg() {
     let _g = serial();
     let mut lab = Lab::new(1500);
+    // Go-back-N: the XDP responder serves no QP with selective repeat.
     lab.up(0, &[]);
-    lab.up(1, &[]);
+    lab.up(1, &["--no-selective-repeat"]);
     let (_, a_l, _) = lab.mr(0, 1 << 16, "all");
     let reg = |len: usize| {
         lab.rdma(
@@ -440,6 +441,47 @@ fn pool_mrs_take_writes_say_when_full_and_free_on_dereg() {
     assert_eq!(v["wc"]["status"], "success");
     assert_eq!(lab.mr_bytes(1, b_l, 300, 10000), data);
     assert_eq!(lab.mr_bytes(1, b_l, 0, 300), vec![0u8; 300]);
+    // The XDP program placed the WRITE's ten packets and sent the one ACK
+    // (the last packet's AckReq) itself.
+    let x = |lab: &Lab| lab.ok(1, &["qp", "list"])["qps"][0]["xdp_responder"].clone();
+    let v = x(&lab);
+    assert_eq!(
+        (v["placed"].as_u64(), v["acks"].as_u64()),
+        (Some(10), Some(1)),
+        "{v}"
+    );
+    assert_eq!(v["placed_bytes"], 10000, "{v}");
+    // A READ is the engine's: XDP hands the QP back with it, and the
+    // engine answers from the state XDP left (PSNs continue).
+    let v = lab.post_ok(
+        "read",
+        qa,
+        a_l,
+        &["--offset", "20000", "--len", "10000"],
+        b_addr + 300,
+        b_r,
+    );
+    assert_eq!(v["wc"]["status"], "success");
+    assert_eq!(lab.mr_bytes(0, a_l, 20000, 10000), data);
+    let v = x(&lab);
+    assert_eq!(v["punts"]["not_write"], 1, "{v}");
+    // Idle again, the QP goes back to XDP: the next WRITE is placed there.
+    let two: Vec<u8> = (0..3000u32).map(|i| (i * 11 + 9) as u8).collect();
+    let w = lab.post_ok(
+        "write",
+        qa,
+        a_l,
+        &["--data", &hex(&two)],
+        b_addr + 20000,
+        b_r,
+    );
+    assert_eq!(w["wc"]["status"], "success");
+    assert_eq!(lab.mr_bytes(1, b_l, 20000, 3000), two);
+    let v = x(&lab);
+    assert_eq!(v["placed"], 13, "{v}");
+    assert_eq!(v["acks"], 2, "{v}");
+    let q = lab.ok(1, &["qp", "list"]);
+    assert_eq!(q["qps"][0]["stats"]["errors"], 0, "{q}");
     let list = lab.ok(1, &["mr", "list"]);
     let pooled: Vec<_> = list["mrs"]
         .as_array()

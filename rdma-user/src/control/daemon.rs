@@ -84,17 +84,6 @@ struct Ctl {
     selective_repeat: bool,
     stop: Arc<AtomicBool>,
     socket_mode: String,
-    /// The MR pool (`mr reg --pool`), or why there is none.
-    pool: std::result::Result<Mutex<MrPool>, String>,
-}
-
-/// The MR pool as the daemon hands it out: the mapping of the XDP
-/// program's `MR_POOL` map, its free pages, and which MR has which range.
-struct MrPool {
-    map: crate::io::xdp::PoolMapping,
-    pages: crate::memory::PagePool,
-    /// lkey -> offset of the MR's range.
-    by_lkey: HashMap<u32, usize>,
 }
 
 impl Ctl {
@@ -182,19 +171,14 @@ pub fn run(opts: UpOptions) -> Result<()> {
     clean_stale(&iface);
     let mut xdp = XdpProgram::attach(&iface, opts.xdp_mode)?;
     xdp.set_firewall(opts.firewall)?;
-    let pool = xdp
-        .map_pool()
-        .map(|map| {
-            Mutex::new(MrPool {
-                pages: crate::memory::PagePool::new(map.usable(), rdma_common::mr_pool::PAGE),
-                map,
-                by_lkey: HashMap::new(),
-            })
-        })
-        .map_err(|e| format!("{e:#}"));
-    if let Err(e) = &pool {
-        log::warn!("{iface}: no MR pool ({e}); `mr reg --pool` will fail");
-    }
+    // The XDP responder's maps and the MR pool, shared by the data paths.
+    let fast = match xdp.map_fast() {
+        Ok(m) => Some(crate::device::datapath::Fast::new(m)),
+        Err(e) => {
+            log::warn!("{iface}: no MR pool ({e:#}); `mr reg --pool` will fail");
+            None
+        }
+    };
     let queues = match opts.queues {
         Some(q) => q,
         None => rx_queues(&iface)?,
@@ -247,6 +231,9 @@ pub fn run(opts: UpOptions) -> Result<()> {
     let mut dp_threads = Vec::new();
     for (i, mut dp) in dps.into_iter().enumerate() {
         dp.core.set_cc(opts.cc, &iface);
+        if let Some(f) = &fast {
+            dp.core.set_fast(f.clone());
+        }
         let (jtx, jrx) = mpsc::channel::<Job>();
         jobs.push(jtx);
         let stop = stop.clone();
@@ -271,7 +258,6 @@ pub fn run(opts: UpOptions) -> Result<()> {
         selective_repeat: opts.selective_repeat,
         stop: stop.clone(),
         socket_mode: socket_mode.clone(),
-        pool,
     });
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -449,46 +435,6 @@ fn find_mr(dp: &DataPath, key: u32) -> Result<(u32, u64, usize)> {
     Ok((mr.lkey, mr.addr, mr.len()))
 }
 
-/// `mr reg --pool`: a zeroed range of the MR pool, registered on the
-/// first data path at its own address (the caller mirrors it to the rest).
-async fn reg_in_pool(ctl: &Ctl, len: usize, access: Access) -> Result<Value> {
-    let pool = ctl
-        .pool
-        .as_ref()
-        .map_err(|why| anyhow!("this daemon has no MR pool ({why}); register without --pool"))?;
-    let (off, addr) = {
-        let mut p = pool.lock().expect("pool lock");
-        let off = p.pages.alloc(len)?;
-        let ptr = p.map.as_ptr().wrapping_add(off);
-        // SAFETY: the allocator just handed out off..off+len (whole pages
-        // inside the usable part); nothing else uses that range.
-        unsafe { std::ptr::write_bytes(ptr, 0, len) };
-        (off, ptr as u64)
-    };
-    let reg = ctl
-        .run(move |dp| {
-            // SAFETY: the pool mapping lives in `Ctl`, which outlives the
-            // data paths; the range is this MR's until `MrDereg` frees it
-            // after every data path deregistered it.
-            let (lkey, rkey) =
-                unsafe { dp.core.reg_mr_raw(1, addr as *mut u8, len, addr, access)? };
-            Ok(json!({"addr": addr, "len": len, "lkey": lkey, "rkey": rkey, "access": access.to_string(), "pool_offset": off}))
-        })
-        .await;
-    let mut p = pool.lock().expect("pool lock");
-    match reg {
-        Ok(v) => {
-            p.by_lkey
-                .insert(v["lkey"].as_u64().unwrap_or(0) as u32, off);
-            Ok(v)
-        }
-        Err(e) => {
-            p.pages.free(off);
-            Err(e)
-        }
-    }
-}
-
 fn check_range(offset: u64, len: u64, mr_len: usize) -> Result<()> {
     if offset.checked_add(len).is_none_or(|e| e > mr_len as u64) {
         bail!(
@@ -517,7 +463,11 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
         Request::MrReg { len, access, pool } => {
             let access = Access::parse(&access).map_err(|e| anyhow!(e))?;
             let v = if pool {
-                reg_in_pool(ctl, len, access).await?
+                ctl.run(move |dp| {
+                    let (addr, lkey, rkey, off) = dp.core.reg_mr_pool(1, len, access)?;
+                    Ok(json!({"addr": addr, "len": len, "lkey": lkey, "rkey": rkey, "access": access.to_string(), "pool_offset": off}))
+                })
+                .await?
             } else {
                 ctl.run(move |dp| {
                     let pd = 1;
@@ -551,23 +501,17 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
                     .core
                     .mem
                     .iter()
-                    .map(|m| json!({"addr": m.addr, "len": m.len(), "lkey": m.lkey, "rkey": m.rkey, "access": m.access.to_string()}))
+                    .map(|m| {
+                        let mut v = json!({"addr": m.addr, "len": m.len(), "lkey": m.lkey, "rkey": m.rkey, "access": m.access.to_string()});
+                        if let Some(off) = dp.core.pool_offset(m.lkey) {
+                            v["pool_offset"] = json!(off);
+                        }
+                        v
+                    })
                     .collect();
                 Ok(json!({"mrs": v}))
             })
             .await
-            .map(|mut v| {
-                if let Ok(p) = &ctl.pool {
-                    let p = p.lock().expect("pool lock");
-                    for m in v["mrs"].as_array_mut().into_iter().flatten() {
-                        let lkey = m["lkey"].as_u64().unwrap_or(0) as u32;
-                        if let Some(off) = p.by_lkey.get(&lkey) {
-                            m["pool_offset"] = json!(off);
-                        }
-                    }
-                }
-                v
-            })
         }
         Request::MrDereg { key } => {
             let key = parse_key(&key)?;
@@ -582,13 +526,6 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
                     })
                     .await?;
                 lkey = v["lkey"].as_u64().unwrap_or(0) as u32;
-            }
-            // No data path uses it any more: its pool range is free again.
-            if let Ok(p) = &ctl.pool {
-                let mut p = p.lock().expect("pool lock");
-                if let Some(off) = p.by_lkey.remove(&lkey) {
-                    p.pages.free(off);
-                }
             }
             Ok(json!({"lkey": lkey}))
         }
@@ -806,7 +743,8 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
                             "dcqcn": {
                                 "rate_mbps": qp.cc().rc, "target_mbps": qp.cc().rt,
                                 "alpha": qp.cc().alpha, "limiting": qp.cc().limiting()
-                            }
+                            },
+                            "xdp_responder": dp.core.xdp_responder_stats(q)
                         }))
                     })
                     .collect();

@@ -29,6 +29,9 @@ use crate::wire::{
 };
 use rdma_common::OpFlags;
 
+mod fast;
+pub use fast::Fast;
+
 /// The longest network header a frame gets: Ethernet, one VLAN tag,
 /// IPv6, UDP.
 const MAX_NET_HEADER_LEN: usize = 14 + 4 + 40 + 8;
@@ -171,6 +174,8 @@ struct QpSlot {
     /// Receive WRs come from this shared queue instead (one taken when a
     /// message needs it).
     srq: Option<Arc<SrqShared>>,
+    /// Its part in the XDP responder.
+    lend: fast::Lend,
 }
 
 impl QpSlot {
@@ -372,6 +377,12 @@ pub struct Core {
     /// (index, count): QPNs made here are the ones the data path `index`
     /// of `count` owns (see `shard::owner_of`).
     qpn_class: (u32, u32),
+    /// The XDP responder (issue 20), when the program's maps are mapped.
+    fast: Option<Fast>,
+    /// MRs taken from the pool here: lkey -> (pool offset, rkey).
+    pool_owned: HashMap<u32, (usize, u32)>,
+    /// Some QP may be lendable to XDP (see `lend_idle`).
+    lend_pending: bool,
 }
 
 pub struct DataPath {
@@ -420,6 +431,9 @@ impl Core {
             async_events: None,
             cc: CcConfig::default(),
             gsi: None,
+            fast: None,
+            pool_owned: HashMap::new(),
+            lend_pending: false,
         }
     }
 
@@ -526,6 +540,10 @@ impl Core {
     }
 
     pub fn dereg_mr(&mut self, lkey: u32) -> Result<()> {
+        if self.mem.by_lkey(lkey).is_none() {
+            return Err(DeviceError::NoMr(lkey));
+        }
+        self.release_pool_mr(lkey);
         self.mem.deregister(lkey).ok_or(DeviceError::NoMr(lkey))?;
         self.mr_backing.remove(&lkey);
         Ok(())
@@ -601,6 +619,7 @@ impl Core {
                 moved_recv: 0,
                 state_seen: QpState::Reset,
                 srq: None,
+                lend: Default::default(),
             },
         );
         self.qp_order.push(qpn);
@@ -609,6 +628,7 @@ impl Core {
 
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<()> {
         let mut slot = self.qps.remove(&qpn).ok_or(DeviceError::NoQp(qpn))?;
+        self.free_resp_slot(&mut slot);
         self.qp_order.retain(|&q| q != qpn);
         // Outstanding WRs complete with flush errors before the QP goes.
         let _ = slot.qp.modify(&QpAttr {
@@ -682,16 +702,23 @@ impl Core {
     }
 
     pub fn modify_qp(&mut self, qpn: u32, attr: &QpAttr) -> Result<()> {
+        // XDP must not serve the QP while its attributes change.
+        self.take_back_qp(qpn);
         let slot = self.qps.get_mut(&qpn).ok_or(DeviceError::NoQp(qpn))?;
         let r = slot.qp.modify(attr);
         slot.state_seen = slot.qp.state();
+        let connected = matches!(slot.qp.state(), QpState::Rtr | QpState::Rts);
         Self::drain_wcs(
             slot,
             &mut self.cqs,
             &mut self.stats,
             self.async_events.as_deref(),
         );
-        Ok(r?)
+        r?;
+        if connected {
+            self.claim_resp_slot(qpn);
+        }
+        Ok(())
     }
 
     /// Completions of `cq` go to `shared` from now on (polled without the
@@ -807,7 +834,9 @@ impl Core {
             ..Default::default()
         })?;
         // RTR named the peer QP: the headers follow from it.
-        self.set_path(qpn, path)
+        self.set_path(qpn, path)?;
+        self.claim_resp_slot(qpn);
+        Ok(())
     }
 
     pub fn post_send(&mut self, qpn: u32, wr: &SendWr) -> Result<()> {
@@ -882,8 +911,23 @@ impl Core {
             slot.qp
                 .handle_datagram(now, &repr.transport, &grh, payload, &mut self.mem);
         } else {
+            if slot.lend.lent
+                && repr
+                    .transport
+                    .flags()
+                    .any(OpFlags::REQUEST | OpFlags::RESERVED)
+            {
+                // A request XDP left to us (or one already on its way
+                // when the QP was lent): the engine first takes the
+                // responder's state back.
+                if let Some(f) = &self.fast {
+                    fast::take_back(f, slot);
+                }
+                self.lend_pending = true;
+            }
             slot.qp
                 .handle_packet(now, &repr.transport, payload, &mut self.mem);
+            Self::settle(self.fast.as_ref(), slot);
         }
         Self::drain_wcs(
             slot,
@@ -940,6 +984,7 @@ impl Core {
             if let Some(t) = slot.qp.poll_timeout() {
                 if t <= now {
                     slot.qp.handle_timeout(now);
+                    Self::settle(self.fast.as_ref(), slot);
                     Self::drain_wcs(
                         slot,
                         &mut self.cqs,
@@ -1246,11 +1291,12 @@ impl DataPath {
         let now = self.now();
         let mut work = self.core.pump_rings();
         let core = &mut self.core;
+        let mut received = false;
         match &mut self.shard {
             None => {
                 for x in self.xsks.iter_mut() {
                     let n = x.recv(64, |f| core.handle_frame(now, f));
-                    work |= n > 0;
+                    received |= n > 0;
                 }
             }
             Some(shard) => {
@@ -1261,10 +1307,14 @@ impl DataPath {
                             None => core.handle_frame(now, f),
                         }
                     });
-                    work |= n > 0;
+                    received |= n > 0;
                 }
-                work |= shard.drain(64, |f| core.handle_frame(now, f)) > 0;
+                received |= shard.drain(64, |f| core.handle_frame(now, f)) > 0;
             }
+        }
+        work |= received;
+        if !received {
+            core.lend_idle();
         }
         let next = core.handle_timers(now);
         if let Some(x) = self.xsks.first_mut() {

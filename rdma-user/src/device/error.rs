@@ -28,6 +28,10 @@ pub enum DeviceError {
     MixedFamilies,
     /// Shared memory for a region could not be had (memfd, mmap).
     Memory(String),
+    /// A region in the MR pool, but this device has none (why).
+    NoPool(String),
+    /// The MR pool has no free range that large.
+    PoolFull(crate::memory::PoolFull),
     Reg(RegError),
     Modify(ModifyError),
     Post(PostError),
@@ -43,9 +47,11 @@ impl DeviceError {
             | DeviceError::NoAh(_) => libc::EINVAL,
             DeviceError::AhLimit(_) => libc::ENOMEM,
             DeviceError::CqBusy(_) => libc::EBUSY,
-            DeviceError::QpLimit(_) | DeviceError::CqLimit(_) | DeviceError::Memory(_) => {
-                libc::ENOMEM
-            }
+            DeviceError::QpLimit(_)
+            | DeviceError::CqLimit(_)
+            | DeviceError::Memory(_)
+            | DeviceError::PoolFull(_) => libc::ENOMEM,
+            DeviceError::NoPool(_) => libc::EOPNOTSUPP,
             DeviceError::Reg(RegError::TooMany { .. }) => libc::ENOMEM,
             DeviceError::Reg(_) | DeviceError::MrLength { .. } | DeviceError::MixedFamilies => {
                 libc::EINVAL
@@ -75,6 +81,13 @@ impl fmt::Display for DeviceError {
                     f,
                     "memory region length {len} out of range (1..={max} bytes)"
                 )
+            }
+            DeviceError::NoPool(why) => write!(
+                f,
+                "this device has no MR pool ({why}); register without --pool"
+            ),
+            DeviceError::PoolFull(e) => {
+                write!(f, "{e}; deregister pool MRs or register without --pool")
             }
             DeviceError::MixedFamilies => {
                 f.write_str("local and peer addresses must both be IPv4 or both IPv6")

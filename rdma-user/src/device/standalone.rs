@@ -74,8 +74,15 @@ impl Standalone {
             xdp.set_socket(q, x.fd())?;
             xsks.push(x);
         }
+        let mut dp = DataPath::new(xsks, Limits::default());
+        // The XDP responder serves pool MRs (`Core::reg_mr_pool`); without
+        // its maps everything takes the user path.
+        match xdp.map_fast() {
+            Ok(m) => dp.core.set_fast(crate::device::datapath::Fast::new(m)),
+            Err(e) => log::debug!("{iface}: no XDP responder ({e:#})"),
+        }
         Ok(Standalone {
-            dp: DataPath::new(xsks, Limits::default()),
+            dp,
             xdp,
             iface: iface.to_string(),
             mac: crate::io::hostnet::iface_mac(iface)?,

@@ -154,6 +154,22 @@ impl XdpProgram {
         PoolMapping::new(data.fd().as_fd())
     }
 
+    /// Maps the XDP responder's two arrays, `RESP_STATE` and `POOL_MRS`,
+    /// and the MR pool.
+    pub fn map_fast(&self) -> Result<FastMaps> {
+        let arr = |name: &str| -> Result<ArrayMapping> {
+            let Some(Map::Array(data)) = self.ebpf.map(name) else {
+                bail!("{name} map missing from the XDP object");
+            };
+            ArrayMapping::new(data)
+        };
+        Ok(FastMaps {
+            pool: self.map_pool()?,
+            states: arr("RESP_STATE")?,
+            mrs: arr("POOL_MRS")?,
+        })
+    }
+
     /// Forwards log records from the program (debug level, drops only).
     pub fn flush_log(&mut self) {
         if let Some(l) = self.logger.as_mut() {
@@ -228,6 +244,92 @@ impl Drop for PoolMapping {
     fn drop(&mut self) {
         // SAFETY: exactly the range mmap returned; nothing borrows it any
         // more (its owner drops it after the MRs inside are gone).
+        unsafe { libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, self.len) };
+    }
+}
+
+/// The XDP responder's maps, mapped into this process.
+pub struct FastMaps {
+    pub pool: PoolMapping,
+    /// `RESP_STATE`: one `RespState` per slot.
+    pub states: ArrayMapping,
+    /// `POOL_MRS`: one `PoolMr` per slot.
+    pub mrs: ArrayMapping,
+}
+
+impl FastMaps {
+    /// Slot `i` of `RESP_STATE`.
+    pub fn state(&self, i: u32) -> *mut rdma_common::fastpath::RespState {
+        self.states.slot(i)
+    }
+
+    /// Slot `i` of `POOL_MRS`.
+    pub fn mr(&self, i: u32) -> *mut rdma_common::fastpath::PoolMr {
+        self.mrs.slot(i)
+    }
+}
+
+/// A `BPF_F_MMAPABLE` array map mapped `MAP_SHARED`: its values, one
+/// after the other at 8-byte-rounded strides.
+pub struct ArrayMapping {
+    ptr: NonNull<u8>,
+    len: usize,
+    stride: usize,
+    entries: u32,
+}
+
+// SAFETY: shared memory with the XDP program; the slots' users coordinate
+// through each value's own protocol (the owner word of a RespState).
+unsafe impl Send for ArrayMapping {}
+// SAFETY: as above.
+unsafe impl Sync for ArrayMapping {}
+
+impl ArrayMapping {
+    fn new(data: &MapData) -> Result<ArrayMapping> {
+        let info = data.info().context("map info")?;
+        let stride = (info.value_size() as usize).div_ceil(8) * 8;
+        let entries = info.max_entries();
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        let len = (stride * entries as usize).div_ceil(page) * page;
+        // SAFETY: FFI with the map's fd and a length covering its values;
+        // checked below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                data.fd().as_fd().as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            bail!(
+                "mmap an array map ({len} bytes): {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        Ok(ArrayMapping {
+            ptr: NonNull::new(p as *mut u8).ok_or_else(|| anyhow!("mmap returned null"))?,
+            len,
+            stride,
+            entries,
+        })
+    }
+
+    /// Value `i` (wrapping at the map's size) as a `T`. The caller picks
+    /// `T` as the map's value type.
+    fn slot<T>(&self, i: u32) -> *mut T {
+        let i = (i % self.entries) as usize;
+        debug_assert!(std::mem::size_of::<T>() <= self.stride);
+        self.ptr.as_ptr().wrapping_add(i * self.stride) as *mut T
+    }
+}
+
+impl Drop for ArrayMapping {
+    fn drop(&mut self) {
+        // SAFETY: exactly the range mmap returned.
         unsafe { libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, self.len) };
     }
 }

@@ -43,7 +43,7 @@ pub use qp::{
     Transmit, MAX_RD_ATOMIC,
 };
 pub use requester::{check_send, MAX_PKT_PER_ACK, RETRY_WINDOW};
-pub use responder::check_recv;
+pub use responder::{check_recv, RespConsts, RespSnapshot};
 pub use selective::{negotiate as negotiate_selective_repeat, DUPTHRESH, SR_WINDOW};
 pub use ud::{grh_of, GRH_LEN};
 pub use wr::{

@@ -412,11 +412,8 @@ impl Default for QpCap {
     }
 }
 
-/// P_Key matching (IBA 10.9.3): the low 15 bits (the partition) are equal
-/// and not zero, and at least one side is a full member (bit 15).
-pub fn pkey_matches(ours: u16, theirs: u16) -> bool {
-    ours & 0x7fff == theirs & 0x7fff && ours & 0x7fff != 0 && (ours | theirs) & 0x8000 != 0
-}
+// P_Key matching (IBA 10.9.3), shared with the XDP responder.
+pub use rdma_common::fastpath::pkey_matches;
 
 fn mtu_ok(m: u32) -> bool {
     matches!(m, 256 | 512 | 1024 | 2048 | 4096)

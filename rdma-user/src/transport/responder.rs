@@ -152,6 +152,87 @@ pub fn check_recv(state: QpState, wr: &RecvWr) -> Result<(), PostError> {
     Ok(())
 }
 
+/// The responder's state as the XDP responder takes it over (issue 20):
+/// the expected PSN, the MSN and a WRITE in progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RespSnapshot {
+    pub epsn: u32,
+    pub msn: u32,
+    /// rkey, va, total, offset of a multi-packet WRITE in progress.
+    pub write: Option<(u32, u64, u32, u32)>,
+}
+
+/// The QP's constants the XDP responder checks with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RespConsts {
+    pub pkey: u16,
+    pub mtu: u32,
+    pub pd: u32,
+    pub access: Access,
+    pub dest_qpn: u32,
+}
+
+impl QpEngine {
+    /// The responder's state, if XDP may take the QP's requests from here
+    /// on: an RC QP in RTR or RTS without selective repeat, with nothing
+    /// to answer (no ACK, NAK or response due, no sequence NAK
+    /// outstanding) and no message in progress but a plain WRITE.
+    pub fn lendable_responder(&self) -> Option<RespSnapshot> {
+        if self.qp_type != QpType::Rc
+            || !matches!(self.state, QpState::Rtr | QpState::Rts)
+            || self.sr.on
+            || !self.resp.resp_q.is_empty()
+            || self.resp.pending_ack.is_some()
+            || self.resp.nak_seq_sent
+        {
+            return None;
+        }
+        let write = match self.resp.in_msg {
+            InMsg::None => None,
+            InMsg::Write {
+                rkey,
+                va,
+                total,
+                offset,
+                imm: false,
+            } => Some((rkey, va, total, offset)),
+            _ => return None,
+        };
+        Some(RespSnapshot {
+            epsn: self.resp.epsn,
+            msn: self.resp.msn,
+            write,
+        })
+    }
+
+    /// Takes the responder's state back from XDP: what it placed and
+    /// answered is as if this engine had done it.
+    pub fn restore_responder(&mut self, s: &RespSnapshot) {
+        self.resp.epsn = s.epsn & MASK_24;
+        self.resp.msn = s.msn & MASK_24;
+        self.resp.in_msg = match s.write {
+            None => InMsg::None,
+            Some((rkey, va, total, offset)) => InMsg::Write {
+                rkey,
+                va,
+                total,
+                offset,
+                imm: false,
+            },
+        };
+    }
+
+    pub fn responder_consts(&self) -> RespConsts {
+        RespConsts {
+            pkey: self.pkey,
+            mtu: self.mtu,
+            pd: self.pd,
+            access: self.access,
+            dest_qpn: self.dest_qpn,
+        }
+    }
+}
+
 impl QpEngine {
     pub fn post_recv(&mut self, wr: &RecvWr) -> Result<(), PostError> {
         check_recv(self.state, wr)?;

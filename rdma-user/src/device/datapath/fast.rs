@@ -1,0 +1,417 @@
+//! The user-space half of the XDP responder (issue 20).
+//!
+//! - **Pool MRs.** `reg_mr_pool` takes a range of the MR pool (the XDP
+//!   program's `MR_POOL` map) and describes it to XDP in `POOL_MRS`.
+//! - **Lending.** A connected RC QP has a slot in `RESP_STATE`. When the
+//!   engine's responder is quiescent (nothing to answer, no message in
+//!   progress but a plain WRITE), the data path writes the responder's
+//!   state there and sets the owner to XDP; XDP then places in-order
+//!   WRITEs and ACKs them itself.
+//! - **Taking back.** XDP gives the QP back by itself when it meets a
+//!   request it does not serve, and redirects that request. The data path
+//!   takes it back before any request reaches the engine, before the QP
+//!   is changed or destroyed, and before a pool MR's memory is freed. It
+//!   waits out a packet XDP is in the middle of (BUSY), then reads the
+//!   state back into the engine: nothing XDP did is lost, and nothing is
+//!   done twice (a request that was already in flight to user space meets
+//!   the updated PSN and is a duplicate).
+//!
+//! The owner word is changed only by atomic compare-and-exchange and
+//! exchange on both sides, so every other field of a slot is written by
+//! one side at a time.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use rdma_common::fastpath::{owner, PoolMr, RespState, ACK_TMPL_LEN, POOL_MR_SLOTS, RESP_SLOTS};
+
+use super::{Core, QpSlot};
+use crate::device::error::DeviceError;
+use crate::io::xdp::FastMaps;
+use crate::memory::{Access, Backing, PagePool};
+use crate::transport::{QpState, QpType, RespSnapshot};
+use crate::wire::{opcode, syndrome, AethRepr, BthRepr, IpRepr, RoceRepr, TransportRepr, ICRC_LEN};
+
+type Result<T> = std::result::Result<T, DeviceError>;
+
+/// The XDP responder's maps and the pool's free pages, shared by the data
+/// paths of one interface.
+#[derive(Clone)]
+pub struct Fast {
+    pub maps: Arc<FastMaps>,
+    pub pages: Arc<Mutex<PagePool>>,
+    /// Pool MRs registered: with none, XDP could serve nothing, and no QP
+    /// is lent.
+    live: Arc<AtomicUsize>,
+}
+
+impl Fast {
+    pub fn new(maps: FastMaps) -> Fast {
+        let usable = maps.pool.usable();
+        Fast {
+            maps: Arc::new(maps),
+            pages: Arc::new(Mutex::new(PagePool::new(
+                usable,
+                rdma_common::mr_pool::PAGE,
+            ))),
+            live: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    fn state(&self, slot: u32) -> *mut RespState {
+        self.maps.state(slot)
+    }
+
+    /// The owner word of slot `i`.
+    fn owner(&self, slot: u32) -> &AtomicU64 {
+        // SAFETY: the slot's first field, 8-byte aligned in the mapping,
+        // which lives as long as `self`; only ever accessed atomically.
+        unsafe { AtomicU64::from_ptr(std::ptr::addr_of_mut!((*self.state(slot)).owner)) }
+    }
+}
+
+/// A QP's part in the XDP responder.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Lend {
+    /// Its slot in `RESP_STATE`.
+    pub slot: Option<u32>,
+    /// XDP owns (or may own) the responder's state.
+    pub lent: bool,
+}
+
+impl Core {
+    /// Lets this device's QPs use the XDP responder.
+    pub fn set_fast(&mut self, fast: Fast) {
+        self.fast = Some(fast);
+    }
+
+    pub fn has_pool(&self) -> bool {
+        self.fast.is_some()
+    }
+
+    /// Registers `len` bytes of the MR pool: memory the XDP program can
+    /// place WRITEs into. The range is zeroed. Returns the address (peers
+    /// use it as the VA), the keys and the range's offset in the pool.
+    pub fn reg_mr_pool(
+        &mut self,
+        pd: u32,
+        len: usize,
+        access: Access,
+    ) -> Result<(u64, u32, u32, usize)> {
+        let fast = self
+            .fast
+            .clone()
+            .ok_or_else(|| DeviceError::NoPool("the XDP responder is not set up".into()))?;
+        if len == 0 || len > self.limits.max_mr_len {
+            return Err(DeviceError::MrLength {
+                len,
+                max: self.limits.max_mr_len,
+            });
+        }
+        let off = fast
+            .pages
+            .lock()
+            .expect("pool lock")
+            .alloc(len)
+            .map_err(DeviceError::PoolFull)?;
+        let ptr = fast.maps.pool.as_ptr().wrapping_add(off);
+        // SAFETY: the allocator handed out off..off+len (whole pages of the
+        // usable part); nothing else uses it.
+        unsafe { std::ptr::write_bytes(ptr, 0, len) };
+        let addr = ptr as u64;
+        let (lkey, rkey) = match self
+            .mem
+            .register(pd, Backing::Raw { ptr, len }, addr, access)
+        {
+            Ok(k) => k,
+            Err(e) => {
+                fast.pages.lock().expect("pool lock").free(off);
+                return Err(e.into());
+            }
+        };
+        let e = fast.maps.mr(rkey % POOL_MR_SLOTS);
+        // SAFETY: a slot of the POOL_MRS mapping; XDP only reads it. A slot
+        // another live MR holds stays as it is (that MR keeps the XDP
+        // path, this one gets the user path).
+        unsafe {
+            if (*e).valid == 0 {
+                e.write(PoolMr {
+                    rkey,
+                    pd,
+                    access: access.0,
+                    valid: 1,
+                    iova: addr,
+                    len: len as u64,
+                    pool_off: off as u64,
+                });
+            }
+        }
+        self.pool_owned.insert(lkey, (off, rkey));
+        fast.live.fetch_add(1, Ordering::Relaxed);
+        self.lend_pending = true;
+        Ok((addr, lkey, rkey, off))
+    }
+
+    /// The pool offset of an MR this device took from the pool.
+    pub fn pool_offset(&self, lkey: u32) -> Option<usize> {
+        self.pool_owned.get(&lkey).map(|&(off, _)| off)
+    }
+
+    /// Before a pool MR's registration goes: XDP forgets it, a placement
+    /// into it still under way ends, then the range is free.
+    pub(super) fn release_pool_mr(&mut self, lkey: u32) {
+        let Some((off, rkey)) = self.pool_owned.remove(&lkey) else {
+            return;
+        };
+        let Some(fast) = self.fast.clone() else {
+            return;
+        };
+        let e = fast.maps.mr(rkey % POOL_MR_SLOTS);
+        // SAFETY: a slot of the POOL_MRS mapping.
+        unsafe {
+            if (*e).valid != 0 && (*e).rkey == rkey {
+                (*e).valid = 0;
+            }
+        }
+        // XDP checks the entry while it holds a QP BUSY: once every slot
+        // was seen out of BUSY after the entry was cleared, no placement
+        // into the range is under way, on any data path's QPs.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        for i in 0..RESP_SLOTS {
+            while fast.owner(i).load(Ordering::SeqCst) == owner::BUSY {
+                std::hint::spin_loop();
+            }
+        }
+        fast.live.fetch_sub(1, Ordering::Relaxed);
+        fast.pages.lock().expect("pool lock").free(off);
+    }
+
+    /// After an RC QP connected: its slot in `RESP_STATE`, with the QP's
+    /// constants and its ACK frame. (Another QP in the same slot keeps it;
+    /// this one then stays on the user path.)
+    pub(super) fn claim_resp_slot(&mut self, qpn: u32) {
+        let Some(fast) = self.fast.clone() else {
+            return;
+        };
+        let Some(slot) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        if slot.qp.qp_type() != QpType::Rc || slot.lend.slot.is_some() {
+            return;
+        }
+        let (Some(net), Some(path)) = (slot.net.as_ref(), slot.path) else {
+            return;
+        };
+        let Some((ack, ack_len, l3, ipv4)) = ack_template(net, &slot.qp) else {
+            return;
+        };
+        let i = qpn % RESP_SLOTS;
+        let st = fast.state(i);
+        // SAFETY: the slot's `qpn` field, 4-byte aligned; claimed by
+        // compare-and-exchange so that two data paths never share a slot.
+        let claim = unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*st).qpn)) };
+        if claim
+            .compare_exchange(0, qpn, Ordering::SeqCst, Ordering::SeqCst)
+            .is_err()
+        {
+            return;
+        }
+        let c = slot.qp.responder_consts();
+        let peer_sport = crate::wire::udp_sport_for_qps(c.dest_qpn, qpn);
+        // SAFETY: we own the slot (claimed above, owner USER): XDP does not
+        // touch it until the owner says XDP.
+        unsafe {
+            let st = &mut *st;
+            st.pkey = c.pkey as u32;
+            st.mtu = c.mtu;
+            st.pd = c.pd;
+            st.qp_access = c.access.0;
+            st.ack = ack;
+            st.ack_len = ack_len as u32;
+            st.ack_l3 = l3 as u32;
+            st.ack_ipv4 = ipv4 as u32;
+            st.peer_gid = super::gid_of(path.peer_ip);
+            st.peer_sport = peer_sport as u32;
+            st.placed = 0;
+            st.placed_bytes = 0;
+            st.acks = 0;
+            st.punts = Default::default();
+        }
+        slot.lend.slot = Some(i);
+        self.lend_pending = true;
+    }
+
+    /// Gives the slot of a QP that goes away back.
+    pub(super) fn free_resp_slot(&mut self, slot: &mut QpSlot) {
+        let Some(fast) = self.fast.clone() else {
+            return;
+        };
+        take_back(&fast, slot);
+        if let Some(i) = slot.lend.slot.take() {
+            // SAFETY: owner USER (taken back above): ours to clear.
+            unsafe { (*fast.state(i)).qpn = 0 };
+        }
+    }
+
+    /// Takes QP `qpn`'s responder state back from XDP, if lent.
+    pub(super) fn take_back_qp(&mut self, qpn: u32) {
+        if let (Some(fast), Some(slot)) = (self.fast.as_ref(), self.qps.get_mut(&qpn)) {
+            if slot.lend.lent {
+                take_back(fast, slot);
+                self.lend_pending = true;
+            }
+        }
+    }
+
+    /// Lends the QPs whose responders are quiescent to XDP. Run on a turn
+    /// that received nothing: a frame already queued for a QP would
+    /// otherwise meet a state XDP moved on (harmless, as a duplicate, but
+    /// a wasted hand-over).
+    pub fn lend_idle(&mut self) {
+        if !self.lend_pending {
+            return;
+        }
+        let Some(fast) = self.fast.clone() else {
+            return;
+        };
+        if fast.live.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        self.lend_pending = false;
+        for slot in self.qps.values_mut() {
+            let Some(i) = slot.lend.slot else {
+                continue;
+            };
+            if slot.lend.lent {
+                continue;
+            }
+            let Some(s) = slot.qp.lendable_responder() else {
+                self.lend_pending = true;
+                continue;
+            };
+            let st = fast.state(i);
+            // SAFETY: owner USER: the slot is ours until the exchange below.
+            unsafe {
+                let st = &mut *st;
+                st.epsn = s.epsn;
+                st.msn = s.msn;
+                match s.write {
+                    Some((rkey, va, total, offset)) => {
+                        st.in_write = 1;
+                        st.w_rkey = rkey;
+                        st.w_va = va;
+                        st.w_total = total;
+                        st.w_offset = offset;
+                    }
+                    None => {
+                        st.in_write = 0;
+                        st.w_rkey = 0;
+                        st.w_va = 0;
+                        st.w_total = 0;
+                        st.w_offset = 0;
+                    }
+                }
+                if let Some(RoceRepr {
+                    ip: IpRepr::V4(ip), ..
+                }) = &slot.net
+                {
+                    st.ip_id = ip.id as u32;
+                }
+            }
+            fast.owner(i).swap(owner::XDP, Ordering::SeqCst);
+            slot.lend.lent = true;
+        }
+    }
+
+    /// After the engine ran for a lent QP (a response it took, a timer):
+    /// a QP that left RTR/RTS comes back from XDP.
+    pub(super) fn settle(fast: Option<&Fast>, slot: &mut QpSlot) {
+        if let Some(fast) = fast {
+            if slot.lend.lent && !matches!(slot.qp.state(), QpState::Rtr | QpState::Rts) {
+                take_back(fast, slot);
+            }
+        }
+    }
+
+    /// The XDP responder's counters of QP `qpn`, if it has a slot.
+    pub fn xdp_responder_stats(&self, qpn: u32) -> Option<serde_json::Value> {
+        let fast = self.fast.as_ref()?;
+        let slot = self.qps.get(&qpn)?;
+        let i = slot.lend.slot?;
+        // SAFETY: counters XDP writes; a racy read shows a slightly old value.
+        let st = unsafe { std::ptr::read_volatile(fast.state(i)) };
+        let mut punts = serde_json::Map::new();
+        for (n, v) in rdma_common::fastpath::punt::NAMES.iter().zip(st.punts) {
+            punts.insert((*n).into(), v.into());
+        }
+        Some(serde_json::json!({
+            "slot": i, "lent": slot.lend.lent, "placed": st.placed,
+            "placed_bytes": st.placed_bytes, "acks": st.acks, "punts": punts,
+        }))
+    }
+}
+
+/// Takes a QP's responder state back from XDP: waits out a packet XDP is
+/// in the middle of, then reads the state into the engine.
+pub(super) fn take_back(fast: &Fast, slot: &mut QpSlot) {
+    let Some(i) = slot.lend.slot else {
+        return;
+    };
+    if !slot.lend.lent {
+        return;
+    }
+    let own = fast.owner(i);
+    loop {
+        match own.compare_exchange(owner::XDP, owner::USER, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(_) | Err(owner::USER) => break,
+            // One packet's work: placement and an ACK.
+            Err(_) => std::hint::spin_loop(),
+        }
+    }
+    // SAFETY: owner USER: XDP no longer touches the slot.
+    let st = unsafe { &*fast.state(i) };
+    let snap = RespSnapshot {
+        epsn: st.epsn,
+        msn: st.msn,
+        write: (st.in_write != 0).then_some((st.w_rkey, st.w_va, st.w_total, st.w_offset)),
+    };
+    slot.qp.restore_responder(&snap);
+    if let Some(RoceRepr {
+        ip: IpRepr::V4(ip), ..
+    }) = &mut slot.net
+    {
+        ip.id = st.ip_id as u16;
+    }
+    slot.lend.lent = false;
+}
+
+/// The ACK frame the engine would send on this QP's path, for PSN 0 and
+/// MSN 0 (XDP patches them, the IPv4 ID and checksum, and the ICRC):
+/// bytes, length, IP header offset, IPv4.
+fn ack_template(
+    net: &RoceRepr,
+    qp: &crate::transport::QpEngine,
+) -> Option<([u8; ACK_TMPL_LEN], usize, usize, bool)> {
+    let c = qp.responder_consts();
+    let mut t = TransportRepr::new(BthRepr {
+        opcode: opcode::RC_ACKNOWLEDGE,
+        pkey: c.pkey,
+        dest_qpn: c.dest_qpn,
+        psn: 0,
+        ..Default::default()
+    });
+    t.aeth = Some(AethRepr {
+        syndrome: syndrome::ACK_UNLIMITED,
+        msn: 0,
+    });
+    let mut net = net.clone();
+    if let IpRepr::V4(ip) = &mut net.ip {
+        ip.id = 0;
+    }
+    let mut buf = [0u8; ACK_TMPL_LEN];
+    let hl = net.net_header_len();
+    let tl = t.emit(&mut buf[hl..], 0).ok()?;
+    let n = net.emit_net_and_icrc(&mut buf, tl + ICRC_LEN).ok()?;
+    let l3 = net.eth.header_len();
+    Some((buf, n, l3, matches!(net.ip, IpRepr::V4(_))))
+}
