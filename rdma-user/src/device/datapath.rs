@@ -30,7 +30,7 @@ use crate::wire::{
 use rdma_common::OpFlags;
 
 mod fast;
-pub use fast::Fast;
+pub use fast::{ack_template, Fast};
 
 /// The longest network header a frame gets: Ethernet, one VLAN tag,
 /// IPv6, UDP.

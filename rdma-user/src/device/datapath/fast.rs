@@ -388,7 +388,7 @@ pub(super) fn take_back(fast: &Fast, slot: &mut QpSlot) {
 /// The ACK frame the engine would send on this QP's path, for PSN 0 and
 /// MSN 0 (XDP patches them, the IPv4 ID and checksum, and the ICRC):
 /// bytes, length, IP header offset, IPv4.
-fn ack_template(
+pub fn ack_template(
     net: &RoceRepr,
     qp: &crate::transport::QpEngine,
 ) -> Option<([u8; ACK_TMPL_LEN], usize, usize, bool)> {

@@ -1,0 +1,427 @@
+//! The XDP responder's decisions (`rdma_common::fastpath`, which the XDP
+//! program runs) against the engine's, on the same packet sequences
+//! (issue 20, "exactly the same answers"):
+//!
+//! - where XDP would place a packet, the engine places the same bytes at
+//!   the same place, its state moves the same way, and the ACK XDP builds
+//!   is byte for byte the frame the engine sends (or neither sends one);
+//! - where XDP punts, the engine does something else than a silent
+//!   placement (a NAK, a drop, a re-ACK), except for requests XDP never
+//!   serves (SEND, READ, atomics);
+//! - the masks that let the verifier prove a placement stays inside the
+//!   pool never change an offset or length that passed the checks.
+
+mod bench;
+mod sim;
+
+use bench::*;
+use rdma_common::fastpath::{self, punt, PoolMr, RespState, WriteReq, ACK_TMPL_LEN};
+use rdma_common::mr_pool;
+use rdma_user::device::datapath::ack_template;
+use rdma_user::transport::*;
+use rdma_user::wire::*;
+use sim::*;
+
+/// XDP's view of the bench's QP, as the data path lends it.
+fn lend(b: &Bench) -> Option<RespState> {
+    let s = b.n.qp.lendable_responder()?;
+    let c = b.n.qp.responder_consts();
+    let (ack, ack_len, l3, ipv4) = ack_template(&b.n.net, &b.n.qp)?;
+    let mut st = RespState {
+        qpn: B_QPN,
+        epsn: s.epsn,
+        msn: s.msn,
+        pkey: c.pkey as u32,
+        mtu: c.mtu,
+        pd: c.pd,
+        qp_access: c.access.0,
+        ack,
+        ack_len: ack_len as u32,
+        ack_l3: l3 as u32,
+        ack_ipv4: ipv4 as u32,
+        ..Default::default()
+    };
+    if let Some((rkey, va, total, offset)) = s.write {
+        st.in_write = 1;
+        st.w_rkey = rkey;
+        st.w_va = va;
+        st.w_total = total;
+        st.w_offset = offset;
+    }
+    // The bench's frames carry IPv4 ID 0: build_ack increments first.
+    st.ip_id = 0xffff;
+    Some(st)
+}
+
+/// What XDP's state says the engine's should be.
+fn snapshot(st: &RespState) -> RespSnapshot {
+    RespSnapshot {
+        epsn: st.epsn,
+        msn: st.msn,
+        write: (st.in_write != 0).then_some((st.w_rkey, st.w_va, st.w_total, st.w_offset)),
+    }
+}
+
+/// One request of the generator: mostly the next packet of a well-formed
+/// WRITE stream, sometimes broken in one of the ways the responder checks.
+struct Gen {
+    rng: Rng,
+    psn: u32,
+    /// The WRITE in progress: va, total, sent.
+    msg: Option<(u64, u32, u32)>,
+}
+
+struct Req {
+    opcode: u8,
+    psn: u32,
+    ack_req: bool,
+    pkey: u16,
+    reth: Option<(u64, u32, u32)>,
+    payload: Vec<u8>,
+}
+
+impl Gen {
+    fn next(&mut self, b: &Bench, mtu: u32) -> Req {
+        let r = &mut self.rng;
+        let rkey = b.mr_rkey();
+        let mut q = match self.msg {
+            None => {
+                let total = match r.below(4) {
+                    0 => r.below(mtu as u64 + 1) as u32,
+                    1 => 0,
+                    _ => r.below(3 * mtu as u64) as u32 + 1,
+                };
+                let va = b.va(r.below(WRITE_AREA_LEN - total as u64));
+                let first = total.min(mtu);
+                let opcode = if total <= mtu {
+                    opcode::RC_RDMA_WRITE_ONLY
+                } else {
+                    self.msg = Some((va, total, first));
+                    opcode::RC_RDMA_WRITE_FIRST
+                };
+                Req {
+                    opcode,
+                    psn: self.psn,
+                    ack_req: total <= mtu || r.chance(0.2),
+                    pkey: 0xffff,
+                    reth: Some((va, rkey, total)),
+                    payload: (0..first).map(|_| r.next_u64() as u8).collect(),
+                }
+            }
+            Some((va, total, sent)) => {
+                let n = (total - sent).min(mtu);
+                let last = sent + n == total;
+                self.msg = if last {
+                    None
+                } else {
+                    Some((va, total, sent + n))
+                };
+                Req {
+                    opcode: if last {
+                        opcode::RC_RDMA_WRITE_LAST
+                    } else {
+                        opcode::RC_RDMA_WRITE_MIDDLE
+                    },
+                    psn: self.psn,
+                    ack_req: last || r.chance(0.2),
+                    pkey: 0xffff,
+                    reth: None,
+                    payload: (0..n).map(|_| r.next_u64() as u8).collect(),
+                }
+            }
+        };
+        self.psn = (self.psn + 1) & 0xff_ffff;
+        // About one packet in seven is broken (the stream goes on as if not).
+        match r.below(64) {
+            0 => q.psn = (q.psn + 1 + r.below(3) as u32) & 0xff_ffff,
+            1 => q.psn = q.psn.wrapping_sub(1 + r.below(3) as u32) & 0xff_ffff,
+            2 => q.pkey = 0x1234,
+            3 => {
+                if let Some(h) = &mut q.reth {
+                    h.1 ^= 0x100;
+                }
+            }
+            4 => {
+                if let Some(h) = &mut q.reth {
+                    h.0 = b.va(MR_LEN as u64 - 2);
+                }
+            }
+            5 => {
+                q.payload.push(1);
+            }
+            6 => q.opcode = opcode::RC_RDMA_WRITE_MIDDLE,
+            7 => {
+                q.opcode = opcode::RC_SEND_ONLY;
+                q.reth = None;
+            }
+            8 => {
+                if let Some(h) = &mut q.reth {
+                    h.2 = 0x8000_0001;
+                }
+            }
+            _ => {}
+        }
+        q
+    }
+}
+
+#[test]
+fn xdp_decisions_and_acks_equal_the_engines() {
+    let mut placed = 0u32;
+    let mut acks = 0u32;
+    let mut punts = [0u32; punt::COUNT];
+    for seed in 0..1000u64 {
+        let mtu = [256, 1024, 4096][seed as usize % 3];
+        let peer_psn = (seed as u32 * 0x9e37) & 0xff_ffff;
+        let mut b = Bench::new(mtu, 0x100, peer_psn);
+        let mr = PoolMr {
+            rkey: b.mr_rkey(),
+            pd: PD,
+            access: rdma_user::memory::Access::ALL.0,
+            valid: 1,
+            iova: b.va(0),
+            len: MR_LEN as u64,
+            pool_off: 4096,
+        };
+        let mut g = Gen {
+            rng: Rng(seed * 7919 + 1),
+            psn: peer_psn,
+            msg: None,
+        };
+        for _ in 0..80 {
+            let req = g.next(&b, mtu);
+            let st = lend(&b);
+            let wr = WriteReq {
+                opcode: req.opcode,
+                ack_req: req.ack_req,
+                pkey: req.pkey,
+                psn: req.psn,
+                va: req.reth.map_or(0, |r| r.0),
+                rkey: req.reth.map_or(0, |r| r.1),
+                dma_len: req.reth.map_or(0, |r| r.2),
+                plen: req.payload.len() as u32,
+            };
+            let verdict = st
+                .as_ref()
+                .map(|st| fastpath::fast_write(st, &wr, Some(&mr)));
+            let before = b.n.qp.stats();
+            let mem_before = b.n.mr().to_vec();
+            let (reth, pkey) = (req.reth, req.pkey);
+            b.req(
+                req.opcode,
+                req.psn,
+                req.ack_req,
+                move |t| {
+                    t.bth.pkey = pkey;
+                    if let Some((va, rkey, len)) = reth {
+                        t.reth = Some(RethRepr {
+                            va,
+                            rkey,
+                            dma_len: len,
+                        });
+                    }
+                },
+                &req.payload,
+            );
+            let mut frames = Vec::new();
+            b.n.transmit(b.now, &mut frames);
+            let after = b.n.qp.stats();
+            match (st, verdict) {
+                (Some(mut st), Some(Ok(p))) => {
+                    placed += 1;
+                    assert_eq!(after.errors, before.errors, "seed {seed}");
+                    // The same bytes at the same place.
+                    let mut expect = mem_before;
+                    if p.len > 0 {
+                        let at = (p.pool_off - mr.pool_off) as usize;
+                        expect[at..at + p.len as usize].copy_from_slice(&req.payload);
+                    }
+                    assert_eq!(expect, b.n.mr(), "seed {seed}: placement differs");
+                    fastpath::commit(&mut st, &wr, &p);
+                    assert_eq!(
+                        b.n.qp.lendable_responder(),
+                        Some(snapshot(&st)),
+                        "seed {seed}: state differs"
+                    );
+                    if p.ack {
+                        acks += 1;
+                        let mut out = [0u8; ACK_TMPL_LEN];
+                        let n = fastpath::build_ack(&mut st, wr.psn, &mut out);
+                        assert_eq!(frames.len(), 1, "seed {seed}");
+                        assert_eq!(&out[..n], &frames[0][..], "seed {seed}: ACK bytes differ");
+                    } else {
+                        assert!(frames.is_empty(), "seed {seed}: the engine sent {frames:?}");
+                    }
+                }
+                (Some(_), Some(Err(r))) => {
+                    punts[r] += 1;
+                    // Never a punt where the engine just places silently,
+                    // except for what XDP never serves.
+                    let silent = after.errors == before.errors
+                        && after.bad_pkey == before.bad_pkey
+                        && after.duplicates_received == before.duplicates_received
+                        && after.out_of_sequence_received == before.out_of_sequence_received;
+                    if r != punt::NOT_WRITE {
+                        assert!(
+                            !silent,
+                            "seed {seed}: punt {} but the engine placed it",
+                            punt::NAMES[r]
+                        );
+                    }
+                }
+                _ => {}
+            }
+            if b.n.qp.state() == QpState::Err {
+                break;
+            }
+            // Keep the generator on the engine's PSN after a drop or NAK.
+            g.psn = b.n.qp.rq_psn();
+            if b.n
+                .qp
+                .lendable_responder()
+                .is_some_and(|s| s.write.is_none())
+            {
+                g.msg = None;
+            }
+        }
+    }
+    eprintln!("placed {placed}, acks {acks}, punts {punts:?}");
+    assert!(
+        placed > 10_000 && acks > 3000,
+        "placed {placed}, acks {acks}"
+    );
+    for r in [
+        punt::NOT_WRITE,
+        punt::PKEY,
+        punt::PSN,
+        punt::SEQUENCE,
+        punt::LENGTH,
+        punt::NOT_POOL,
+        punt::ACCESS,
+    ] {
+        assert!(
+            punts[r] > 10,
+            "punt {} seen {} times",
+            punt::NAMES[r],
+            punts[r]
+        );
+    }
+}
+
+/// The verifier proves a placement stays inside the pool from the masks
+/// alone; they must never change a value that passed `fast_write`.
+#[test]
+fn pool_masks_change_nothing_that_passed_the_checks() {
+    let mut rng = Rng(42);
+    for _ in 0..100_000 {
+        let len = rng.below(mr_pool::BYTES as u64) + 1;
+        let pool_off = rng.below(mr_pool::BYTES as u64 - len + 1);
+        let mr = PoolMr {
+            rkey: 7,
+            pd: 1,
+            access: fastpath::ACCESS_REMOTE_WRITE,
+            valid: 1,
+            iova: rng.next_u64() >> 1,
+            len,
+            pool_off,
+        };
+        let st = RespState {
+            pkey: 0xffff,
+            mtu: 4096,
+            pd: 1,
+            qp_access: fastpath::ACCESS_REMOTE_WRITE,
+            ..Default::default()
+        };
+        let plen = rng.below(4097) as u32;
+        let va = mr.iova + rng.below(len + 8192);
+        let wr = WriteReq {
+            opcode: opcode::RC_RDMA_WRITE_ONLY,
+            ack_req: true,
+            pkey: 0xffff,
+            psn: 0,
+            va,
+            rkey: 7,
+            dma_len: plen,
+            plen,
+        };
+        if let Ok(p) = fastpath::fast_write(&st, &wr, Some(&mr)) {
+            if p.len > 0 {
+                // Inside the MR, the MR inside the pool.
+                assert!(p.pool_off >= pool_off && p.pool_off + p.len as u64 <= pool_off + len);
+                assert_eq!(p.pool_off & mr_pool::MASK, p.pool_off);
+                assert!(p.len as usize <= mr_pool::PAGE);
+                assert!(p.pool_off as usize + p.len as usize <= mr_pool::VALUE_BYTES);
+            }
+        }
+    }
+    // An entry that claims more than the pool is refused, whatever the packet.
+    let mr = PoolMr {
+        rkey: 7,
+        pd: 1,
+        access: fastpath::ACCESS_REMOTE_WRITE,
+        valid: 1,
+        iova: 0,
+        len: 8192,
+        pool_off: mr_pool::BYTES as u64 - 4096,
+    };
+    let st = RespState {
+        pkey: 0xffff,
+        mtu: 4096,
+        pd: 1,
+        qp_access: fastpath::ACCESS_REMOTE_WRITE,
+        ..Default::default()
+    };
+    let wr = WriteReq {
+        opcode: opcode::RC_RDMA_WRITE_ONLY,
+        pkey: 0xffff,
+        va: 4096,
+        rkey: 7,
+        dma_len: 16,
+        plen: 16,
+        ..Default::default()
+    };
+    assert_eq!(
+        fastpath::fast_write(&st, &wr, Some(&mr)),
+        Err(punt::NOT_POOL)
+    );
+}
+
+/// The shared CRC (one byte and eight bytes at a time) and masks equal
+/// the ICRC the wire code computes, on a captured rxe frame.
+#[test]
+fn shared_crc_and_masks_match_the_wire_icrc() {
+    let data: Vec<u8> = (0..4096u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    let mut h = crc32fast::Hasher::new();
+    h.update(&data);
+    let want = h.finalize();
+    assert_eq!(!fastpath::crc_update(!0, &data), want);
+    let mut c = !0u32;
+    for ch in data.chunks(8) {
+        c = fastpath::crc_8(c, ch.try_into().unwrap());
+    }
+    assert_eq!(!c, want);
+    // A WRITE frame the engine emits: the masked prefix plus the rest.
+    let mut b = Bench::new(1024, 0x100, 0x10);
+    b.req(
+        opcode::RC_RDMA_WRITE_ONLY,
+        0x10,
+        true,
+        reth(b.va(0), b.mr_rkey(), 4),
+        b"abcd",
+    );
+    let mut frames = Vec::new();
+    b.n.transmit(b.now, &mut frames);
+    let f = &frames[0];
+    let l3 = 14;
+    let mut crc = !0u32;
+    for i in 0..(f.len() - l3 - 4 + 8) {
+        let byte = if i < 8 { 0xff } else { f[l3 + i - 8] };
+        crc = fastpath::crc_byte(crc, fastpath::icrc_prefix_byte(i, byte, true));
+    }
+    assert_eq!(
+        !crc,
+        u32::from_le_bytes(f[f.len() - 4..].try_into().unwrap())
+    );
+}
