@@ -8,7 +8,6 @@
 //! compare-and-swap and exchange (fully ordered in BPF), so the state's
 //! other fields are never read or written by two sides at once.
 
-use core::intrinsics::{atomic_cxchg, atomic_xchg, AtomicOrdering};
 
 use aya_ebpf::{
     bindings::{xdp_action, BPF_F_MMAPABLE},
@@ -74,15 +73,7 @@ pub fn try_serve(ctx: &XdpContext, bth: &Bth, f: &Frame) -> Option<(u32, u32)> {
     if unsafe { own.read_volatile() } != owner::XDP {
         return None;
     }
-    // SAFETY: as above.
-    let (_, took) = unsafe {
-        atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::Relaxed }>(
-            own,
-            owner::XDP,
-            owner::BUSY,
-        )
-    };
-    if !took {
+    if !take(own) {
         return None;
     }
     // SAFETY: BUSY is ours: nobody else reads or writes the state until we
@@ -111,12 +102,48 @@ pub fn try_serve(ctx: &XdpContext, bth: &Bth, f: &Frame) -> Option<(u32, u32)> {
     }
 }
 
+/// XDP -> BUSY by compare-and-exchange: whether we got the QP.
+#[inline(always)]
+fn take(own: *mut u64) -> bool {
+    #[cfg(target_arch = "bpf")]
+    {
+        use core::intrinsics::{atomic_cxchg, AtomicOrdering};
+        // SAFETY: `own` is the state's owner word (see `try_serve`).
+        unsafe {
+            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::Relaxed }>(
+                own,
+                owner::XDP,
+                owner::BUSY,
+            )
+            .1
+        }
+    }
+    #[cfg(not(target_arch = "bpf"))]
+    {
+        use core::sync::atomic::{AtomicU64, Ordering};
+        // SAFETY: as above.
+        unsafe { AtomicU64::from_ptr(own) }
+            .compare_exchange(owner::XDP, owner::BUSY, Ordering::SeqCst, Ordering::Relaxed)
+            .is_ok()
+    }
+}
+
 /// Ends BUSY: an atomic exchange, fully ordered, so every write to the
 /// state is visible before the new owner is.
 #[inline(always)]
 fn give(own: *mut u64, to: u64) {
-    // SAFETY: `own` is the state's owner word (see `try_serve`).
-    unsafe { atomic_xchg::<u64, { AtomicOrdering::SeqCst }>(own, to) };
+    #[cfg(target_arch = "bpf")]
+    {
+        use core::intrinsics::{atomic_xchg, AtomicOrdering};
+        // SAFETY: `own` is the state's owner word (see `try_serve`).
+        unsafe { atomic_xchg::<u64, { AtomicOrdering::SeqCst }>(own, to) };
+    }
+    #[cfg(not(target_arch = "bpf"))]
+    {
+        use core::sync::atomic::{AtomicU64, Ordering};
+        // SAFETY: as above.
+        unsafe { AtomicU64::from_ptr(own) }.swap(to, Ordering::SeqCst);
+    }
 }
 
 #[inline(always)]

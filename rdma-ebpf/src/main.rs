@@ -10,9 +10,11 @@
 #![no_main]
 // BPF's atomic compare-and-exchange and exchange: the bpfel target
 // declares no CAS, so core's atomics lack them; the intrinsics emit the
-// instructions (BPF_CMPXCHG, BPF_XCHG) directly.
-#![allow(internal_features)]
-#![feature(core_intrinsics)]
+// instructions (BPF_CMPXCHG, BPF_XCHG) directly. (The eBPF build is on
+// nightly; a host build of this crate, as `cargo test --workspace` makes
+// one, uses core's atomics instead.)
+#![cfg_attr(target_arch = "bpf", allow(internal_features))]
+#![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
 
 use core::mem::size_of;
 

@@ -74,6 +74,18 @@ pub(crate) fn bench(quick: bool) -> Result<()> {
     ));
     let mut records: Vec<Value> = Vec::new();
     let total = jobs.len() + 1;
+    // The XDP responder beside the user path (issue 20): latency with the
+    // buffers in the MR pool, and write_bw with an adaptive target on each
+    // path for the target's CPU per message.
+    for s in [2, 64] {
+        jobs.push(j(&format!("bench write-lat -s {s} -n {lat_n} --pool"), false));
+    }
+    let n64k = bw_n.parse::<u64>()? / 20;
+    jobs.push(j(&format!("bench write-bw -s 65536 -n {n64k} --adaptive"), false));
+    jobs.push(j(
+        &format!("bench write-bw -s 65536 -n {n64k} --adaptive --pool"),
+        false,
+    ));
     for (k, job) in jobs.iter().enumerate() {
         eprintln!("[{}/{total}] {}", k + 1, job.args.join(" "));
         let sj = out_dir.join("server.json");
@@ -114,7 +126,15 @@ pub(crate) fn bench(quick: bool) -> Result<()> {
         }
         let file = if job.from_server { &sj } else { &cj };
         match read_json(file).and_then(|v| v.as_array().cloned()) {
-            Some(v) => records.extend(v),
+            Some(mut v) => {
+                // write_bw's target reports its own CPU per message.
+                let target_cpu = read_json(&sj)
+                    .and_then(|s| s.as_array()?.last()?.get("target_user_cpu_us_per_msg").cloned());
+                if let (Some(c), Some(last)) = (target_cpu, v.last_mut()) {
+                    last["target_user_cpu_us_per_msg"] = c;
+                }
+                records.extend(v)
+            }
             None => eprintln!(
                 "   no result ({})",
                 String::from_utf8_lossy(&sout.stderr).trim()
@@ -221,13 +241,37 @@ fn perftest_over_library(
     })
 }
 
+/// The user path's record of `test` at `bytes` (the XDP responder's and
+/// the adaptive-target runs are found with [`find_path`]).
 pub(crate) fn find<'a>(r: &'a [Value], test: &str, bytes: u64) -> Option<&'a Value> {
-    r.iter().find(|x| x["test"] == test && x["bytes"] == bytes)
+    r.iter().find(|x| {
+        x["test"] == test
+            && x["bytes"] == bytes
+            && x["path"] != "xdp"
+            && x.get("target_user_cpu_us_per_msg").is_none()
+    })
+}
+
+/// The record of `test` at `bytes` on `path` ("xdp" or "user"), with or
+/// without the target's CPU measured (the adaptive write_bw runs).
+pub(crate) fn find_path<'a>(
+    r: &'a [Value],
+    test: &str,
+    bytes: u64,
+    path: &str,
+    target_cpu: bool,
+) -> Option<&'a Value> {
+    r.iter().find(|x| {
+        x["test"] == test
+            && x["bytes"] == bytes
+            && x["path"] == path
+            && x.get("target_user_cpu_us_per_msg").is_some() == target_cpu
+    })
 }
 
 pub(crate) fn summary(r: &[Value]) -> String {
     let mut s = String::new();
-    s += "| test | bytes | iters | t_typical us | t_avg us | p99 us | BW avg Gb/s | Mpps |\n|---|---|---|---|---|---|---|---|\n";
+    s += "| test | bytes | path | iters | t_typical us | t_avg us | p99 us | BW avg Gb/s | Mpps | target CPU us/msg |\n|---|---|---|---|---|---|---|---|---|---|\n";
     let f = |v: &Value, k: &str| {
         v[k].as_f64()
             .map(|x| format!("{x:.2}"))
@@ -235,15 +279,17 @@ pub(crate) fn summary(r: &[Value]) -> String {
     };
     for x in r {
         s += &format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             x["test"].as_str().unwrap_or(""),
             x["bytes"],
+            x["path"].as_str().unwrap_or("-"),
             x["iters"],
             f(x, "t_typical_us"),
             f(x, "t_avg_us"),
             f(x, "p99_us"),
             f(x, "bw_avg_gbps"),
-            f(x, "msg_rate_mpps")
+            f(x, "msg_rate_mpps"),
+            f(x, "target_user_cpu_us_per_msg")
         );
     }
     s += "\n| target | measured | ratio | goal |\n|---|---|---|---|\n";
@@ -305,6 +351,47 @@ pub(crate) fn summary(r: &[Value]) -> String {
             tt("send_lat", 64),
             tt("tcp_pingpong", 64),
             "< 1",
+        ),
+    ] {
+        s += &row(name, a, b, goal);
+    }
+    // The XDP responder (issue 20), same run.
+    let xtt = |b: u64| find_path(r, "write_lat", b, "xdp", false).and_then(|v| v["t_typical_us"].as_f64());
+    let abw = |p: &str| find_path(r, "write_bw", 65536, p, true).and_then(|v| v["bw_avg_gbps"].as_f64());
+    let cpu = |p: &str| {
+        find_path(r, "write_bw", 65536, p, true)
+            .and_then(|v| v["target_user_cpu_us_per_msg"].as_f64())
+    };
+    for (name, a, b, goal) in [
+        (
+            "XDP responder: write_lat 2 B / afxdp_pingpong 2 B",
+            xtt(2),
+            tt("afxdp_pingpong", 2),
+            "<= 1.3 (aim 1.0)",
+        ),
+        (
+            "XDP responder: write_lat 64 B / tcp_pingpong 64 B",
+            xtt(64),
+            tt("tcp_pingpong", 64),
+            "< 1",
+        ),
+        (
+            "XDP responder / user path: write_lat 2 B",
+            xtt(2),
+            tt("write_lat", 2),
+            "-",
+        ),
+        (
+            "XDP responder / user path: write_bw 64 KiB (adaptive targets, Gb/s)",
+            abw("xdp"),
+            abw("user"),
+            ">= 1",
+        ),
+        (
+            "target CPU us per 64 KiB WRITE: XDP responder / user path",
+            cpu("xdp"),
+            cpu("user"),
+            "at or near 0",
         ),
     ] {
         s += &row(name, a, b, goal);

@@ -75,6 +75,9 @@ pub struct Options {
     pub quiet: bool,
     /// Wait in poll(2) while only waiting for the peer (see `Oob`).
     pub adaptive: bool,
+    /// The buffer in the MR pool: the XDP responder serves the peer's
+    /// WRITEs to it (issue 20).
+    pub pool: bool,
 }
 
 /// One line of results, in perftest's columns (units in the key).
@@ -109,6 +112,24 @@ pub struct Record {
     /// How this side's AF_XDP sockets were bound: "zero-copy" or "copy".
     #[serde(skip_serializing_if = "Option::is_none")]
     pub xsk_bind: Option<&'static str>,
+    /// Who answers the peer's WRITEs: "xdp" (the XDP responder, buffer in
+    /// the MR pool) or "user" (the engine).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<&'static str>,
+    /// write_bw's target: the CPU time (user and system) its process spent
+    /// per message, from getrusage over the test.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target_user_cpu_us_per_msg: Option<f64>,
+}
+
+/// This process's CPU time so far (user and system), in µs.
+fn process_cpu_us() -> f64 {
+    // SAFETY: getrusage fills the struct we pass.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
+    tv(u.ru_utime) + tv(u.ru_stime)
 }
 
 const VERSION: &[u8; 4] = b"6.06";
@@ -331,7 +352,12 @@ pub fn run(o: Options) -> Result<Vec<Record>> {
     // the peer to target (BUFF_SIZE each).
     let slot = max_size.max(64).div_ceil(4096) * 4096;
     let pd = dev.dp.core.alloc_pd();
-    let (addr, lkey, rkey) = dev.dp.core.reg_mr(pd, slot * 2 * nqp, Access::ALL)?;
+    let (addr, lkey, rkey) = if o.pool {
+        let (a, l, r, _) = dev.dp.core.reg_mr_pool(pd, slot * 2 * nqp, Access::ALL)?;
+        (a, l, r)
+    } else {
+        dev.dp.core.reg_mr(pd, slot * 2 * nqp, Access::ALL)?
+    };
     let rx_depth = if o.test == Test::SendBw {
         512
     } else {
@@ -496,6 +522,8 @@ pub fn run(o: Options) -> Result<Vec<Record>> {
     }
     let ctx = Ctx { cq, lkey, qps };
     let mut records = Vec::new();
+    let path = Some(if o.pool { "xdp" } else { "user" });
+    let cpu0 = process_cpu_us();
     for &size in &o.sizes {
         let rec = match o.test {
             Test::WriteLat | Test::SendLat => pingpong(&mut dev, &ctx, &o, size)?,
@@ -517,6 +545,7 @@ pub fn run(o: Options) -> Result<Vec<Record>> {
         }
         records.push(Record {
             xsk_bind: Some(dev.dp.xsks[0].mode.name()),
+            path,
             ..rec
         });
     }
@@ -525,6 +554,7 @@ pub fn run(o: Options) -> Result<Vec<Record>> {
         // barrier, then the client's report of its last size; the server
         // prints that, as perftest's does.
         oob.xchg(&mut dev, &fmt_keys(&ours), Duration::from_secs(3600))?;
+        let cpu_us = process_cpu_us() - cpu0;
         let r = records.last().cloned().unwrap_or_default();
         let mut rep = Vec::new();
         rep.extend_from_slice(&(r.bytes as u64).to_be_bytes());
@@ -554,6 +584,11 @@ pub fn run(o: Options) -> Result<Vec<Record>> {
                 bw_peak_gbps: Some(f(2) / GBPS_TO_MBPS),
                 bw_avg_gbps: Some(f(3) / GBPS_TO_MBPS),
                 msg_rate_mpps: Some(f(4)),
+                path,
+                // The target's own cost: it only waits (adaptive: asleep
+                // unless frames reach it) while the peer writes.
+                target_user_cpu_us_per_msg: (o.test == Test::WriteBw && word(1) > 0)
+                    .then(|| cpu_us / (word(1) * ctx.qps.len() as u64) as f64),
                 ..Default::default()
             };
             if !o.quiet {

@@ -54,6 +54,10 @@ pub struct BenchArgs {
     /// perftest's server sleeps in read(): its CPU time is then the work.
     #[arg(long)]
     pub adaptive: bool,
+    /// Register the buffer in the MR pool, so that the XDP responder
+    /// places and ACKs the peer's WRITEs (`path: "xdp"` in the records).
+    #[arg(long)]
+    pub pool: bool,
 }
 #[derive(Args)]
 pub struct BaselineArgs {
@@ -316,6 +320,7 @@ pub fn bench(b: BenchArgs, g: &Global) -> Result<()> {
         local_ip: b.local_ip,
         quiet: false,
         adaptive: b.adaptive,
+        pool: b.pool,
     })?;
     if let Some(f) = json_file {
         std::fs::write(&f, serde_json::to_string_pretty(&recs)?)
