@@ -56,7 +56,10 @@ pub mod punt {
     pub const TOO_LONG: usize = 10;
     /// The ACK could not be sent by XDP_TX (the frame did not shrink).
     pub const TX: usize = 11;
-    pub const COUNT: usize = 12;
+    /// Marked CE (ECN 11): the engine's notification point decides on a
+    /// CNP.
+    pub const CE: usize = 12;
+    pub const COUNT: usize = 13;
 
     pub const NAMES: [&str; COUNT] = [
         "not_write",
@@ -71,6 +74,7 @@ pub mod punt {
         "source",
         "too_long",
         "tx",
+        "ce",
     ];
 }
 

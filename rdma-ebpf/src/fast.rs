@@ -8,7 +8,6 @@
 //! compare-and-swap and exchange (fully ordered in BPF), so the state's
 //! other fields are never read or written by two sides at once.
 
-
 use aya_ebpf::{
     bindings::{xdp_action, BPF_F_MMAPABLE},
     helpers::generated::{bpf_loop, bpf_xdp_adjust_tail, bpf_xdp_load_bytes, bpf_xdp_store_bytes},
@@ -49,6 +48,8 @@ pub struct Frame {
     pub frame_len: usize,
     pub src_gid: [u8; 16],
     pub src_port: u16,
+    /// The IP header's ECN field says CE.
+    pub ce: bool,
 }
 
 /// `Some(verdict, counter)` when XDP served the packet; `None` to redirect
@@ -153,6 +154,9 @@ fn serve(ctx: &XdpContext, st: &mut RespState, bth: &Bth, f: &Frame) -> Result<(
     }
     if f.ip_options {
         return Err(punt::MALFORMED);
+    }
+    if f.ce {
+        return Err(punt::CE);
     }
     if f.src_gid != st.peer_gid || f.src_port as u32 != st.peer_sport {
         return Err(punt::SOURCE);

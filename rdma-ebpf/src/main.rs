@@ -109,7 +109,7 @@ fn classify(ctx: &XdpContext) -> (u32, u32) {
     // SAFETY: the helper only reads the context the kernel handed us.
     let frame_len = unsafe { bpf_xdp_get_buff_len(ctx.ctx) } as usize;
 
-    let (l4, ip_end, src, ipv4, ip_options) = match ethertype {
+    let (l4, ip_end, src, ipv4, ip_options, ecn) = match ethertype {
         ETH_P_IPV4 => {
             let Some(ip) = ptr_at::<Ipv4Hdr>(ctx, l3) else {
                 return (PASS, stat::PASS_NOT_IP);
@@ -140,6 +140,7 @@ fn classify(ctx: &XdpContext) -> (u32, u32) {
                 gid,
                 true,
                 ihl != Ipv4Hdr::LEN,
+                ip.tos & 3,
             )
         }
         ETH_P_IPV6 => {
@@ -157,6 +158,8 @@ fn classify(ctx: &XdpContext) -> (u32, u32) {
                 ip.src,
                 false,
                 false,
+                // The traffic class's low two bits.
+                (ip.ver_tc_flow[1] >> 4) & 3,
             )
         }
         _ => return (PASS, stat::PASS_NOT_IP),
@@ -222,6 +225,7 @@ fn classify(ctx: &XdpContext) -> (u32, u32) {
         frame_len,
         src_gid: src,
         src_port: udp.src_port(),
+        ce: ecn == 3,
     };
     if let Some(v) = fast::try_serve(ctx, bth, &frame) {
         return v;

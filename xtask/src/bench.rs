@@ -78,10 +78,16 @@ pub(crate) fn bench(quick: bool) -> Result<()> {
     // buffers in the MR pool, and write_bw with an adaptive target on each
     // path for the target's CPU per message.
     for s in [2, 64] {
-        jobs.push(j(&format!("bench write-lat -s {s} -n {lat_n} --pool"), false));
+        jobs.push(j(
+            &format!("bench write-lat -s {s} -n {lat_n} --pool"),
+            false,
+        ));
     }
     let n64k = bw_n.parse::<u64>()? / 20;
-    jobs.push(j(&format!("bench write-bw -s 65536 -n {n64k} --adaptive"), false));
+    jobs.push(j(
+        &format!("bench write-bw -s 65536 -n {n64k} --adaptive"),
+        false,
+    ));
     jobs.push(j(
         &format!("bench write-bw -s 65536 -n {n64k} --adaptive --pool"),
         false,
@@ -128,8 +134,12 @@ pub(crate) fn bench(quick: bool) -> Result<()> {
         match read_json(file).and_then(|v| v.as_array().cloned()) {
             Some(mut v) => {
                 // write_bw's target reports its own CPU per message.
-                let target_cpu = read_json(&sj)
-                    .and_then(|s| s.as_array()?.last()?.get("target_user_cpu_us_per_msg").cloned());
+                let target_cpu = read_json(&sj).and_then(|s| {
+                    s.as_array()?
+                        .last()?
+                        .get("target_user_cpu_us_per_msg")
+                        .cloned()
+                });
                 if let (Some(c), Some(last)) = (target_cpu, v.last_mut()) {
                     last["target_user_cpu_us_per_msg"] = c;
                 }
@@ -356,8 +366,11 @@ pub(crate) fn summary(r: &[Value]) -> String {
         s += &row(name, a, b, goal);
     }
     // The XDP responder (issue 20), same run.
-    let xtt = |b: u64| find_path(r, "write_lat", b, "xdp", false).and_then(|v| v["t_typical_us"].as_f64());
-    let abw = |p: &str| find_path(r, "write_bw", 65536, p, true).and_then(|v| v["bw_avg_gbps"].as_f64());
+    let xtt = |b: u64| {
+        find_path(r, "write_lat", b, "xdp", false).and_then(|v| v["t_typical_us"].as_f64())
+    };
+    let abw =
+        |p: &str| find_path(r, "write_bw", 65536, p, true).and_then(|v| v["bw_avg_gbps"].as_f64());
     let cpu = |p: &str| {
         find_path(r, "write_bw", 65536, p, true)
             .and_then(|v| v["target_user_cpu_us_per_msg"].as_f64())

@@ -455,6 +455,7 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
                 for (i, v) in s.iter().enumerate() {
                     m.insert(names[i].to_string(), json!(v));
                 }
+                m.insert("verified_insns".into(), json!(x.verified_insns));
                 Value::Object(m)
             };
             let dp = merge_stats(&ctl.run_all(|dp| Ok(dp.stats_json())).await?);

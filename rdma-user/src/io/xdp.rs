@@ -27,6 +27,9 @@ pub struct XdpProgram {
     pub iface: String,
     /// The mode actually attached.
     pub native: bool,
+    /// Instructions the kernel's verifier processed to accept the program
+    /// (its complexity; the limit is 1 000 000).
+    pub verified_insns: Option<u32>,
 }
 
 /// The compiled classifier, embedded at build time.
@@ -48,6 +51,11 @@ impl XdpProgram {
             .try_into()?;
         prog.load()
             .context("the kernel verifier rejected the XDP program")?;
+        let verified_insns = prog
+            .info()
+            .ok()
+            .and_then(|i| i.verified_instruction_count());
+        log::debug!("XDP program verified: {verified_insns:?} instructions processed");
         let native = match mode {
             XdpMode::Generic => {
                 prog.attach(iface, AyaMode::Skb)
@@ -76,6 +84,7 @@ impl XdpProgram {
             logger,
             iface: iface.to_string(),
             native,
+            verified_insns,
         })
     }
 

@@ -587,7 +587,9 @@ pub fn run(o: Options) -> Result<Vec<Record>> {
                 path,
                 // The target's own cost: it only waits (adaptive: asleep
                 // unless frames reach it) while the peer writes.
-                target_user_cpu_us_per_msg: (o.test == Test::WriteBw && word(1) > 0)
+                // (Only when it sleeps while waiting: spinning, it spends
+                // all of its time, whatever the work.)
+                target_user_cpu_us_per_msg: (o.test == Test::WriteBw && o.adaptive && word(1) > 0)
                     .then(|| cpu_us / (word(1) * ctx.qps.len() as u64) as f64),
                 ..Default::default()
             };
