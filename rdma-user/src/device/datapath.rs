@@ -32,6 +32,9 @@ use rdma_common::OpFlags;
 mod fast;
 pub use fast::{ack_template, Fast};
 
+/// Frames taken from a receive ring per turn.
+const RX_BATCH: u32 = 64;
+
 /// The longest network header a frame gets: Ethernet, one VLAN tag,
 /// IPv6, UDP.
 const MAX_NET_HEADER_LEN: usize = 14 + 4 + 40 + 8;
@@ -1292,28 +1295,35 @@ impl DataPath {
         let mut work = self.core.pump_rings();
         let core = &mut self.core;
         let mut received = false;
+        // Every receive ring was read empty this turn.
+        let mut drained = true;
         match &mut self.shard {
             None => {
                 for x in self.xsks.iter_mut() {
-                    let n = x.recv(64, |f| core.handle_frame(now, f));
+                    let n = x.recv(RX_BATCH, |f| core.handle_frame(now, f));
                     received |= n > 0;
+                    drained &= n < RX_BATCH;
                 }
             }
             Some(shard) => {
                 for x in self.xsks.iter_mut() {
-                    let n = x.recv(64, |f| {
+                    let n = x.recv(RX_BATCH, |f| {
                         match crate::wire::peek_dest_qpn(f).and_then(|q| shard.elsewhere(q)) {
                             Some(owner) => shard.hand_over(owner, f),
                             None => core.handle_frame(now, f),
                         }
                     });
                     received |= n > 0;
+                    drained &= n < RX_BATCH;
                 }
-                received |= shard.drain(64, |f| core.handle_frame(now, f)) > 0;
+                let n = shard.drain(RX_BATCH as usize, |f| core.handle_frame(now, f));
+                received |= n > 0;
+                drained &= n < RX_BATCH as usize;
             }
         }
         work |= received;
-        if !received {
+        if drained {
+            // Nothing waits in the rings: quiescent QPs go (back) to XDP.
             core.lend_idle();
         }
         let next = core.handle_timers(now);

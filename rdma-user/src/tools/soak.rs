@@ -53,6 +53,9 @@ pub struct Options {
     /// Offer selective repeat in the exchange (used if the peer offers it
     /// too).
     pub selective_repeat: bool,
+    /// The MR in the MR pool: the XDP responder serves in-order WRITEs to
+    /// it (QPs with selective repeat stay on the user path).
+    pub pool: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -61,6 +64,17 @@ pub struct ServerReport {
     pub sends_out_of_order: u64,
     pub sends_corrupted: u64,
     pub recv_errors: u64,
+    /// The XDP responder on the server's QP (`--pool`): packets it placed,
+    /// ACKs it sent, requests it left to the engine.
+    #[serde(default)]
+    pub xdp_placed: u64,
+    #[serde(default)]
+    pub xdp_acks: u64,
+    #[serde(default)]
+    pub xdp_punts: u64,
+    /// The punts by reason (`rdma_common::fastpath::punt::NAMES`).
+    #[serde(default)]
+    pub xdp_punt_reasons: std::collections::BTreeMap<String, u64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -279,7 +293,12 @@ fn setup(
     cc.params.enabled = o.dcqcn;
     dev.dp.core.set_cc(cc, &o.iface);
     let pd = dev.dp.core.alloc_pd();
-    let (addr, lkey, rkey) = dev.dp.core.reg_mr(pd, mr_len, Access::ALL)?;
+    let (addr, lkey, rkey) = if o.pool {
+        let (a, l, r, _) = dev.dp.core.reg_mr_pool(pd, mr_len, Access::ALL)?;
+        (a, l, r)
+    } else {
+        dev.dp.core.reg_mr(pd, mr_len, Access::ALL)?
+    };
     let cq = dev.dp.core.create_cq(8192)?;
     let qpn = dev.dp.core.create_qp(pd, cq, cap)?;
     let psn = dev.dp.core.random_psn();
@@ -421,6 +440,19 @@ pub fn serve(o: &Options) -> Result<ServerReport> {
         }
         if s.lines.poll(&mut s.tcp)?.is_some() {
             break;
+        }
+    }
+    if let Some(x) = s.dev.dp.core.xdp_responder_stats(s.qpn) {
+        let n = |k: &str| x[k].as_u64().unwrap_or(0);
+        rep.xdp_placed = n("placed");
+        rep.xdp_acks = n("acks");
+        rep.xdp_punts = x["punts"]
+            .as_object()
+            .map_or(0, |m| m.values().filter_map(|v| v.as_u64()).sum());
+        for (k, v) in x["punts"].as_object().into_iter().flatten() {
+            if let Some(v) = v.as_u64().filter(|&v| v > 0) {
+                rep.xdp_punt_reasons.insert(k.clone(), v);
+            }
         }
     }
     send_line(&mut s.tcp, &rep)?;

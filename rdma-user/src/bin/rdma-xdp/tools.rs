@@ -207,6 +207,10 @@ pub struct SoakArgs {
     /// go-back-N (selective repeat needs both sides to offer it).
     #[arg(long)]
     pub no_selective_repeat: bool,
+    /// Register the MR in the MR pool: the XDP responder places in-order
+    /// WRITEs to it (with go-back-N; see --no-selective-repeat).
+    #[arg(long)]
+    pub pool: bool,
 }
 
 #[derive(Args)]
@@ -470,6 +474,7 @@ pub fn soak(a: SoakArgs, json_file: Option<PathBuf>) -> Result<()> {
         progress: true,
         dcqcn: !a.no_dcqcn,
         selective_repeat: !a.no_selective_repeat,
+        pool: a.pool,
     };
     let (out, clean) = if o.server.is_some() {
         let r = rdma_user::tools::soak::run(&o)?;

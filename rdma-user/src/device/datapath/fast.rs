@@ -264,9 +264,10 @@ impl Core {
     }
 
     /// Lends the QPs whose responders are quiescent to XDP. Run on a turn
-    /// that received nothing: a frame already queued for a QP would
-    /// otherwise meet a state XDP moved on (harmless, as a duplicate, but
-    /// a wasted hand-over).
+    /// that read every receive ring empty: a frame still queued for a QP
+    /// would meet a state XDP moved on (harmless: the engine takes the QP
+    /// back first, and the frame is a duplicate or out of order for it,
+    /// but a wasted hand-over).
     pub fn lend_idle(&mut self) {
         if !self.lend_pending {
             return;
