@@ -732,6 +732,10 @@ pub struct XdpConfig {
     /// Non-zero: drop RoCEv2 packets whose QPN is not in `LIVE_QPS` (QP1, the
     /// GSI QP used by RDMA CM, always passes through to userspace).
     pub firewall: u32,
+    /// Non-zero: the XDP responder skips the received ICRC check. For the
+    /// benchmark only (`rdma-xdp bench --no-icrc-check`, to measure the
+    /// check's share of the program's cost); nothing else sets it.
+    pub bench_no_icrc: u32,
 }
 
 /// Value of the `LIVE_QPS` hash map, keyed by local QPN. For a connected RC QP

@@ -92,6 +92,11 @@ pub(crate) fn bench(quick: bool) -> Result<()> {
         &format!("bench write-bw -s 65536 -n {n64k} --adaptive --pool"),
         false,
     ));
+    // The received ICRC check's share of the XDP program's cost.
+    jobs.push(j(
+        &format!("bench write-bw -s 65536 -n {n64k} --adaptive --pool --no-icrc-check"),
+        false,
+    ));
     for (k, job) in jobs.iter().enumerate() {
         eprintln!("[{}/{total}] {}", k + 1, job.args.join(" "));
         let sj = out_dir.join("server.json");
@@ -133,15 +138,23 @@ pub(crate) fn bench(quick: bool) -> Result<()> {
         let file = if job.from_server { &sj } else { &cj };
         match read_json(file).and_then(|v| v.as_array().cloned()) {
             Some(mut v) => {
-                // write_bw's target reports its own CPU per message.
-                let target_cpu = read_json(&sj).and_then(|s| {
-                    s.as_array()?
-                        .last()?
-                        .get("target_user_cpu_us_per_msg")
-                        .cloned()
-                });
-                if let (Some(c), Some(last)) = (target_cpu, v.last_mut()) {
-                    last["target_user_cpu_us_per_msg"] = c;
+                // write_bw's target reports its own CPU per message and
+                // its XDP program's cost.
+                let server = read_json(&sj).and_then(|s| s.as_array()?.last().cloned());
+                if let (Some(s), Some(last)) = (server, v.last_mut()) {
+                    if let Some(c) = s.get("target_user_cpu_us_per_msg") {
+                        last["target_user_cpu_us_per_msg"] = c.clone();
+                    }
+                    if last["test"] == "write_bw" {
+                        for (k, t) in [
+                            ("xdp_ns_per_run", "target_xdp_ns_per_run"),
+                            ("xdp_runs", "target_xdp_runs"),
+                        ] {
+                            if let Some(x) = s.get(k) {
+                                last[t] = x.clone();
+                            }
+                        }
+                    }
                 }
                 records.extend(v)
             }
@@ -281,7 +294,7 @@ pub(crate) fn find_path<'a>(
 
 pub(crate) fn summary(r: &[Value]) -> String {
     let mut s = String::new();
-    s += "| test | bytes | path | iters | t_typical us | t_avg us | p99 us | BW avg Gb/s | Mpps | target CPU us/msg |\n|---|---|---|---|---|---|---|---|---|---|\n";
+    s += "| test | bytes | path | iters | t_typical us | t_avg us | p99 us | BW avg Gb/s | Mpps | target CPU us/msg | XDP ns/run |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
     let f = |v: &Value, k: &str| {
         v[k].as_f64()
             .map(|x| format!("{x:.2}"))
@@ -289,7 +302,7 @@ pub(crate) fn summary(r: &[Value]) -> String {
     };
     for x in r {
         s += &format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             x["test"].as_str().unwrap_or(""),
             x["bytes"],
             x["path"].as_str().unwrap_or("-"),
@@ -299,7 +312,12 @@ pub(crate) fn summary(r: &[Value]) -> String {
             f(x, "p99_us"),
             f(x, "bw_avg_gbps"),
             f(x, "msg_rate_mpps"),
-            f(x, "target_user_cpu_us_per_msg")
+            f(x, "target_user_cpu_us_per_msg"),
+            // write_bw: the target's program (it places); else our own.
+            match x.get("target_xdp_ns_per_run") {
+                Some(_) => f(x, "target_xdp_ns_per_run"),
+                None => f(x, "xdp_ns_per_run"),
+            }
         );
     }
     s += "\n| target | measured | ratio | goal |\n|---|---|---|---|\n";
@@ -371,6 +389,9 @@ pub(crate) fn summary(r: &[Value]) -> String {
     };
     let abw =
         |p: &str| find_path(r, "write_bw", 65536, p, true).and_then(|v| v["bw_avg_gbps"].as_f64());
+    let xns = |p: &str| {
+        find_path(r, "write_bw", 65536, p, true).and_then(|v| v["target_xdp_ns_per_run"].as_f64())
+    };
     let cpu = |p: &str| {
         find_path(r, "write_bw", 65536, p, true)
             .and_then(|v| v["target_user_cpu_us_per_msg"].as_f64())
@@ -405,6 +426,12 @@ pub(crate) fn summary(r: &[Value]) -> String {
             cpu("xdp"),
             cpu("user"),
             "at or near 0",
+        ),
+        (
+            "target's XDP ns per run, write_bw 64 KiB: with the ICRC check / without",
+            xns("xdp"),
+            xns("xdp-no-icrc"),
+            "-",
         ),
     ] {
         s += &row(name, a, b, goal);

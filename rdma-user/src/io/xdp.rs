@@ -118,18 +118,24 @@ impl XdpProgram {
     }
 
     pub fn set_firewall(&mut self, on: bool) -> Result<()> {
+        self.update_config(|c| c.firewall = on as u32)
+    }
+
+    /// The XDP responder skips the received ICRC check: for the benchmark
+    /// that measures the check's cost, nothing else.
+    pub fn set_bench_no_icrc(&mut self, on: bool) -> Result<()> {
+        self.update_config(|c| c.bench_no_icrc = on as u32)
+    }
+
+    fn update_config(&mut self, f: impl FnOnce(&mut XdpConfig)) -> Result<()> {
         let mut m: Array<&mut MapData, XdpConfig> = self
             .ebpf
             .map_mut("CONFIG")
             .ok_or_else(|| anyhow!("CONFIG map missing"))?
             .try_into()?;
-        m.set(
-            0,
-            XdpConfig {
-                firewall: on as u32,
-            },
-            0,
-        )?;
+        let mut c = m.get(&0, 0).unwrap_or_default();
+        f(&mut c);
+        m.set(0, c, 0)?;
         Ok(())
     }
 
@@ -151,6 +157,14 @@ impl XdpProgram {
             .try_into()?;
         let _ = m.remove(&qpn);
         Ok(())
+    }
+
+    /// The kernel's run-time statistics of the program: total time and
+    /// runs, counted while some process holds [`enable_run_stats`]' fd.
+    pub fn run_stats(&self) -> Option<(std::time::Duration, u64)> {
+        let p: &Xdp = self.ebpf.program("rdma_xdp")?.try_into().ok()?;
+        let i = p.info().ok()?;
+        Some((i.run_time(), i.run_count()))
     }
 
     /// Maps the MR pool (`MR_POOL`, one `BPF_F_MMAPABLE` value) into this
@@ -341,4 +355,10 @@ impl Drop for ArrayMapping {
         // SAFETY: exactly the range mmap returned.
         unsafe { libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, self.len) };
     }
+}
+
+/// Turns on the kernel's BPF run-time statistics (`BPF_ENABLE_STATS`) for
+/// as long as the returned fd is open.
+pub fn enable_run_stats() -> Result<std::os::fd::OwnedFd> {
+    Ok(aya::sys::enable_stats(aya::sys::Stats::RunTime)?)
 }

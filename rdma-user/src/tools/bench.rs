@@ -78,6 +78,9 @@ pub struct Options {
     /// The buffer in the MR pool: the XDP responder serves the peer's
     /// WRITEs to it (issue 20).
     pub pool: bool,
+    /// The XDP responder skips the received ICRC check (to measure its
+    /// share of the program's cost; benchmark only).
+    pub no_icrc_check: bool,
 }
 
 /// One line of results, in perftest's columns (units in the key).
@@ -113,13 +116,21 @@ pub struct Record {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub xsk_bind: Option<&'static str>,
     /// Who answers the peer's WRITEs: "xdp" (the XDP responder, buffer in
-    /// the MR pool) or "user" (the engine).
+    /// the MR pool), "xdp-no-icrc" (the same without the received ICRC
+    /// check, benchmark only) or "user" (the engine).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<&'static str>,
     /// write_bw's target: the CPU time (user and system) its process spent
     /// per message, from getrusage over the test.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub target_user_cpu_us_per_msg: Option<f64>,
+    /// This side's XDP program: kernel run-time statistics over the test,
+    /// average ns per run (every frame it saw: placed WRITEs, ACKs,
+    /// redirects alike), and the runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub xdp_ns_per_run: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub xdp_runs: Option<u64>,
 }
 
 /// This process's CPU time so far (user and system), in µs.
@@ -347,6 +358,9 @@ pub fn run(o: Options) -> Result<Vec<Record>> {
         bail!("-q {nqp}: latency tests run on one QP (as perftest's do); use -q with *-bw tests");
     }
     let mut dev = Standalone::open(&o.iface, crate::io::xdp::XdpMode::Auto, true)?;
+    if o.no_icrc_check {
+        dev.xdp.set_bench_no_icrc(true)?;
+    }
     let timeout = Duration::from_secs(o.connect_timeout);
     // perftest's buffer: one slot per QP to send from, then one per QP for
     // the peer to target (BUFF_SIZE each).
@@ -522,8 +536,15 @@ pub fn run(o: Options) -> Result<Vec<Record>> {
     }
     let ctx = Ctx { cq, lkey, qps };
     let mut records = Vec::new();
-    let path = Some(if o.pool { "xdp" } else { "user" });
+    let path = Some(match (o.pool, o.no_icrc_check) {
+        (true, false) => "xdp",
+        (true, true) => "xdp-no-icrc",
+        _ => "user",
+    });
     let cpu0 = process_cpu_us();
+    // The XDP program's own cost: the kernel's run-time statistics.
+    let _stats = crate::io::xdp::enable_run_stats().ok();
+    let xdp0 = dev.xdp.run_stats();
     for &size in &o.sizes {
         let rec = match o.test {
             Test::WriteLat | Test::SendLat => pingpong(&mut dev, &ctx, &o, size)?,
@@ -543,9 +564,18 @@ pub fn run(o: Options) -> Result<Vec<Record>> {
         if !rec.test.is_empty() && !o.quiet {
             print_record(&rec);
         }
+        let (xdp_ns_per_run, xdp_runs) = match (xdp0, dev.xdp.run_stats()) {
+            (Some((t0, n0)), Some((t1, n1))) if n1 > n0 => (
+                Some((t1 - t0).as_nanos() as f64 / (n1 - n0) as f64),
+                Some(n1 - n0),
+            ),
+            _ => (None, None),
+        };
         records.push(Record {
             xsk_bind: Some(dev.dp.xsks[0].mode.name()),
             path,
+            xdp_ns_per_run,
+            xdp_runs,
             ..rec
         });
     }
@@ -555,6 +585,12 @@ pub fn run(o: Options) -> Result<Vec<Record>> {
         // prints that, as perftest's does.
         oob.xchg(&mut dev, &fmt_keys(&ours), Duration::from_secs(3600))?;
         let cpu_us = process_cpu_us() - cpu0;
+        let xdp_cost = match (xdp0, dev.xdp.run_stats()) {
+            (Some((t0, n0)), Some((t1, n1))) if n1 > n0 => {
+                Some(((t1 - t0).as_nanos() as f64 / (n1 - n0) as f64, n1 - n0))
+            }
+            _ => None,
+        };
         let r = records.last().cloned().unwrap_or_default();
         let mut rep = Vec::new();
         rep.extend_from_slice(&(r.bytes as u64).to_be_bytes());
@@ -591,6 +627,8 @@ pub fn run(o: Options) -> Result<Vec<Record>> {
                 // all of its time, whatever the work.)
                 target_user_cpu_us_per_msg: (o.test == Test::WriteBw && o.adaptive && word(1) > 0)
                     .then(|| cpu_us / (word(1) * ctx.qps.len() as u64) as f64),
+                xdp_ns_per_run: xdp_cost.map(|c| c.0),
+                xdp_runs: xdp_cost.map(|c| c.1),
                 ..Default::default()
             };
             if !o.quiet {

@@ -58,6 +58,10 @@ pub struct BenchArgs {
     /// places and ACKs the peer's WRITEs (`path: "xdp"` in the records).
     #[arg(long)]
     pub pool: bool,
+    /// Benchmark only: the XDP responder skips the received ICRC check,
+    /// to measure the check's share of its cost.
+    #[arg(long, hide = true)]
+    pub no_icrc_check: bool,
 }
 #[derive(Args)]
 pub struct BaselineArgs {
@@ -325,6 +329,7 @@ pub fn bench(b: BenchArgs, g: &Global) -> Result<()> {
         quiet: false,
         adaptive: b.adaptive,
         pool: b.pool,
+        no_icrc_check: b.no_icrc_check,
     })?;
     if let Some(f) = json_file {
         std::fs::write(&f, serde_json::to_string_pretty(&recs)?)
