@@ -426,6 +426,24 @@ pub fn crc_8(crc: u32, b: &[u8; 8]) -> u32 {
         ^ t[0][b[7] as usize]
 }
 
+/// Eight bytes, read as one little-endian u64, into a running CRC: one
+/// aligned load instead of eight byte loads where the bytes sit in memory
+/// (the same result as [`crc_8`] on `v.to_le_bytes()`).
+#[inline(always)]
+pub fn crc_u64(crc: u32, v: u64) -> u32 {
+    let lo = crc ^ (v as u32);
+    let hi = (v >> 32) as u32;
+    let t = &CRC_TABLES;
+    t[7][(lo & 0xff) as usize]
+        ^ t[6][((lo >> 8) & 0xff) as usize]
+        ^ t[5][((lo >> 16) & 0xff) as usize]
+        ^ t[4][(lo >> 24) as usize]
+        ^ t[3][(hi & 0xff) as usize]
+        ^ t[2][((hi >> 8) & 0xff) as usize]
+        ^ t[1][((hi >> 16) & 0xff) as usize]
+        ^ t[0][(hi >> 24) as usize]
+}
+
 /// Bytes into a running CRC (user space and tests).
 pub fn crc_update(mut crc: u32, data: &[u8]) -> u32 {
     for &b in data {

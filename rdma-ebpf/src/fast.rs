@@ -263,46 +263,31 @@ fn ack_frame(ctx: &XdpContext, st: &mut RespState, psn: u32, frame_len: usize) -
     (xdp_action::XDP_TX, stat::XDP_ACKED)
 }
 
-/// Bytes hashed per `bpf_xdp_load_bytes` call. Every call reads exactly
-/// this many (the verifier then needs no precise lengths, and checks the
-/// loop's body in a few passes); the last chunk ends at the ICRC and
-/// skips what the one before it hashed. Every RoCE frame has at least
-/// this many bytes before its ICRC.
-const CHUNK: usize = 32;
-/// Chunks after the headers: enough for a page of payload, the RETH and
-/// the pad.
-const MAX_CHUNKS: u32 = ((mr_pool::PAGE + 64) / CHUNK + 1) as u32;
+/// The bytes after the headers (extension headers, payload, pad) are
+/// copied once into this per-CPU scratch value and hashed from there: one
+/// helper call per packet, then plain loads. 8 KiB: room for a page of
+/// payload with its RETH and pad, and a power of two for the masks.
+const SCRATCH: usize = 8192;
+/// Bytes hashed per `bpf_loop` turn (32 slicing-by-8 steps).
+const TURN: usize = 256;
 
-/// The running CRC over the frame, for `bpf_loop`'s callback. In a
-/// per-CPU map rather than on the stack: values read from a map are
-/// unknown to the verifier, so it sees every turn of the callback alike
-/// and checks its body a few times, not once per turn. (XDP runs to the
-/// end on its CPU: nothing else uses the slot meanwhile.)
+#[map]
+static ICRC_SCRATCH: PerCpuArray<[u8; SCRATCH]> = PerCpuArray::with_max_entries(1, 0);
+
+/// The running CRC for `bpf_loop`'s callback (on the caller's stack).
 #[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CrcWalk {
-    off: u64,
-    end: u64,
-    /// Where the IP header starts and the BTH ends: bytes between are
-    /// masked.
-    l3: u64,
-    hdr_end: u64,
+struct CrcWalk {
+    /// Bytes of the scratch to hash.
+    len: u64,
     crc: u32,
-    err: u32,
-    ipv4: u32,
     _pad: u32,
 }
 
-#[map]
-static CRC_WALK: PerCpuArray<CrcWalk> = PerCpuArray::with_max_entries(1, 0);
-
 /// Checks the received ICRC, as the engine does before it uses a packet
-/// (rxe does the same). The frame may continue into fragments, so it is
-/// read with `bpf_xdp_load_bytes` in chunks, one `bpf_loop` turn each:
-/// the verifier checks the loop body once instead of every turn.
-/// Not inlined: its stack adds to the caller's only while it runs. A
-/// scalar result (0, or the punt reason plus one): a BPF function must
-/// not leave a stack pointer in R0, as Rust's `Result` returns can.
+/// (rxe does the same). Not inlined: its stack adds to the caller's only
+/// while it runs. A scalar result (0, or the punt reason plus one): a BPF
+/// function must not leave a stack pointer in R0, as Rust's `Result`
+/// returns can.
 #[inline(never)]
 fn check_icrc(ctx: &XdpContext, f: &Frame) -> u32 {
     match icrc_walk(ctx, f) {
@@ -314,48 +299,87 @@ fn check_icrc(ctx: &XdpContext, f: &Frame) -> u32 {
 #[inline(always)]
 fn icrc_walk(ctx: &XdpContext, f: &Frame) -> Result<(), usize> {
     let hl = if f.ipv4 { 20 } else { 40 } + UdpHdr::LEN + Bth::LEN;
-    // The 64 bits of ones that stand for the LRH.
-    let mut crc = !0u32;
-    let mut i = 0;
-    while i < 8 {
-        crc = fastpath::crc_byte(crc, 0xff);
-        i += 1;
-    }
-    let start = f.l3;
-    let end = start + hl + (f.udp_len - UdpHdr::LEN - Bth::LEN - ICRC_LEN);
-    let chunks = (end - start).div_ceil(CHUNK) as u32;
-    if chunks > MAX_CHUNKS {
-        return Err(punt::TOO_LONG);
-    }
-    let w = CRC_WALK.get_ptr_mut(0).ok_or(punt::MALFORMED)?;
-    // SAFETY: this CPU's slot; only this invocation uses it (see CrcWalk).
-    unsafe {
-        *w = CrcWalk {
-            off: start as u64,
-            end: end as u64,
-            l3: start as u64,
-            hdr_end: (start + hl) as u64,
-            crc,
-            err: 0,
-            ipv4: f.ipv4 as u32,
-            _pad: 0,
+    // The headers, masked: IP, UDP and BTH after 64 bits of ones, in an
+    // 8-byte-aligned buffer hashed a word at a time.
+    let mut pre = [0u64; 9];
+    let p = pre.as_mut_ptr() as *mut u8;
+    // SAFETY: the helper copies 40 or 60 bytes of the frame (its headers,
+    // checked present by the classifier) to bytes 8.. of our 72.
+    let r = unsafe {
+        if f.ipv4 {
+            bpf_xdp_load_bytes(ctx.ctx, f.l3 as u32, p.add(8).cast(), 40)
+        } else {
+            bpf_xdp_load_bytes(ctx.ctx, f.l3 as u32, p.add(8).cast(), 60)
         }
     };
-    let mut cb_ctx = ctx.ctx;
-    // SAFETY: the callback is a function of this program; `cb_ctx` lives
-    // on our stack for the whole call.
-    let turns = unsafe {
-        bpf_loop(
-            chunks,
-            crc_chunk as *mut core::ffi::c_void,
-            (&mut cb_ctx as *mut *mut aya_ebpf::bindings::xdp_md).cast(),
-            0,
-        )
-    };
-    // SAFETY: as above.
-    let w = unsafe { *w };
-    if turns != chunks as i64 || w.err != 0 || w.off != end as u64 {
+    if r != 0 {
         return Err(punt::MALFORMED);
+    }
+    pre[0] = !0;
+    // Read as a plain byte: LLVM takes a bool for 0 or 1 and would drop
+    // the mask, which the verifier needs to bound the table index.
+    // SAFETY: reading a field of a live struct.
+    let v4 = unsafe { core::ptr::read_volatile(core::ptr::addr_of!(f.ipv4) as *const u8) };
+    let base = ((v4 & 1) as usize) << 7;
+    let mut i = 0;
+    while i < 60 {
+        // SAFETY: byte 8 + i < 72 of our buffer.
+        unsafe { *p.add(8 + i) |= fastpath::ICRC_MASK[base | i] };
+        i += 1;
+    }
+    let n = 8 + hl;
+    let mut crc = !0u32;
+    let mut w = 0;
+    while w < 8 {
+        if w * 8 + 8 <= n {
+            crc = fastpath::crc_u64(crc, u64::from_le(pre[w]));
+        }
+        w += 1;
+    }
+    // IPv6's prefix is 68 bytes: four more.
+    if n == 68 {
+        let mut k = 64;
+        while k < 68 {
+            // SAFETY: byte k < 72 of our buffer.
+            crc = fastpath::crc_byte(crc, unsafe { *p.add(k) });
+            k += 1;
+        }
+    }
+    // The rest, up to the ICRC.
+    let start = f.l3 + hl;
+    let len = f.udp_len - UdpHdr::LEN - Bth::LEN - ICRC_LEN;
+    let end = start + len;
+    if len > 0 {
+        if len > SCRATCH {
+            return Err(punt::TOO_LONG);
+        }
+        let buf = ICRC_SCRATCH.get_ptr_mut(0).ok_or(punt::MALFORMED)?;
+        // SAFETY: 1..=SCRATCH bytes of the frame into this CPU's scratch
+        // value (XDP runs to its end on one CPU: nobody else uses it).
+        let r = unsafe { bpf_xdp_load_bytes(ctx.ctx, start as u32, buf.cast(), len as u32) };
+        if r != 0 {
+            return Err(punt::MALFORMED);
+        }
+        let mut w = CrcWalk {
+            len: len as u64,
+            crc,
+            _pad: 0,
+        };
+        let turns = len.div_ceil(TURN) as u32;
+        // SAFETY: the callback is a function of this program; `w` lives
+        // on our stack for the whole call.
+        let done = unsafe {
+            bpf_loop(
+                turns,
+                crc_turn as *mut core::ffi::c_void,
+                (&mut w as *mut CrcWalk).cast(),
+                0,
+            )
+        };
+        if done != turns as i64 {
+            return Err(punt::MALFORMED);
+        }
+        crc = w.crc;
     }
     let mut got = [0u8; 4];
     // SAFETY: four bytes into a four-byte stack buffer.
@@ -363,71 +387,50 @@ fn icrc_walk(ctx: &XdpContext, f: &Frame) -> Result<(), usize> {
     if r != 0 {
         return Err(punt::MALFORMED);
     }
-    if u32::from_le_bytes(got) != !w.crc {
+    if u32::from_le_bytes(got) != !crc {
         return Err(punt::ICRC);
     }
     Ok(())
 }
 
-/// One `bpf_loop` turn: up to [`CHUNK`] more bytes into the CRC. The
-/// headers (IP, UDP, BTH) go in masked, as the ICRC wants them.
+/// One `bpf_loop` turn: the scratch's bytes `turn * TURN ..` (at most
+/// `TURN`, none past `len`) into the CRC, eight at a time, the last few
+/// one at a time. Indices are masked into the scratch for the verifier;
+/// the masks change no index below `len` <= SCRATCH.
 #[inline(never)]
-extern "C" fn crc_chunk(_turn: u64, cb_ctx: *mut core::ffi::c_void) -> i64 {
-    // SAFETY: `check_icrc` passes a pointer to the frame's context.
-    let xdp = unsafe { *(cb_ctx as *mut *mut aya_ebpf::bindings::xdp_md) };
-    let Some(w) = CRC_WALK.get_ptr_mut(0) else {
+extern "C" fn crc_turn(turn: u64, cb_ctx: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: `icrc_walk` passes its `CrcWalk`, alive for the whole loop.
+    let w = unsafe { &mut *(cb_ctx as *mut CrcWalk) };
+    let Some(buf) = ICRC_SCRATCH.get_ptr(0) else {
         return 1;
     };
-    // SAFETY: this CPU's slot, set up by `check_icrc`.
-    let w = unsafe { &mut *w };
-    if w.off >= w.end {
-        return 1;
-    }
-    let left = w.end - w.off;
-    let (at, skip) = if left >= CHUNK as u64 {
-        (w.off, 0)
-    } else if w.end >= CHUNK as u64 {
-        (w.end - CHUNK as u64, CHUNK as u64 - left)
-    } else {
-        w.err = 1;
-        return 1;
-    };
-    let mut buf = [0u8; CHUNK];
-    // SAFETY: CHUNK bytes into a CHUNK-byte stack buffer.
-    let r = unsafe { bpf_xdp_load_bytes(xdp, at as u32, buf.as_mut_ptr().cast(), CHUNK as u32) };
-    if r != 0 {
-        w.err = 1;
-        return 1;
-    }
+    let buf = buf as *const u8;
+    let len = w.len as usize;
+    let at = (turn as usize & (SCRATCH / TURN - 1)) * TURN;
     let mut crc = w.crc;
-    // The chunk holds header bytes: those are masked.
-    let masked = at < w.hdr_end;
-    if skip == 0 && !masked {
-        let mut i = 0;
-        while i < CHUNK / 8 {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&buf[i * 8..i * 8 + 8]);
-            crc = fastpath::crc_8(crc, &b);
-            i += 1;
-        }
-    } else {
-        // Under 96 when masked: the headers end at most 60 bytes after
-        // the IP header, and chunks start at it or later.
-        let rel = at.wrapping_sub(w.l3) as usize;
-        let base = ((w.ipv4 & 1) as usize) << 7;
-        let mut i = 0;
-        while i < CHUNK {
-            let mut b = buf[i];
-            if masked {
-                b |= fastpath::ICRC_MASK[base | ((rel + i) & 127)];
+    let mut i = 0;
+    while i < TURN / 8 {
+        let o = at + i * 8;
+        if o + 8 <= len {
+            // SAFETY: o is a multiple of 8 below SCRATCH - 8 (masked), and
+            // map values are 8-byte aligned: one aligned load.
+            let v = unsafe { *(buf.add(o & (SCRATCH - 8)) as *const u64) };
+            crc = fastpath::crc_u64(crc, u64::from_le(v));
+        } else {
+            // The last 0..=7 bytes, in the turn that holds them.
+            let mut k = 0;
+            while k < 8 {
+                if o + k < len {
+                    // SAFETY: below len <= SCRATCH (masked).
+                    let b = unsafe { *buf.add((o + k) & (SCRATCH - 1)) };
+                    crc = fastpath::crc_byte(crc, b);
+                }
+                k += 1;
             }
-            if i as u64 >= skip {
-                crc = fastpath::crc_byte(crc, b);
-            }
-            i += 1;
+            break;
         }
+        i += 1;
     }
-    w.off = at + CHUNK as u64;
     w.crc = crc;
     0
 }

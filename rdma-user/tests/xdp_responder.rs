@@ -402,6 +402,11 @@ fn shared_crc_and_masks_match_the_wire_icrc() {
         c = fastpath::crc_8(c, ch.try_into().unwrap());
     }
     assert_eq!(!c, want);
+    let mut c = !0u32;
+    for ch in data.chunks(8) {
+        c = fastpath::crc_u64(c, u64::from_le_bytes(ch.try_into().unwrap()));
+    }
+    assert_eq!(!c, want);
     // A WRITE frame the engine emits: the masked prefix plus the rest.
     let mut b = Bench::new(1024, 0x100, 0x10);
     b.req(
