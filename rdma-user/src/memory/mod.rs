@@ -572,7 +572,7 @@ impl std::error::Error for PoolFull {}
 impl PagePool {
     /// A pool of `bytes` (a multiple of `page`).
     pub fn new(bytes: usize, page: usize) -> PagePool {
-        assert!(page.is_power_of_two() && bytes % page == 0);
+        assert!(page.is_power_of_two() && bytes.is_multiple_of(page));
         let mut free = BTreeMap::new();
         if bytes > 0 {
             free.insert(0, bytes);

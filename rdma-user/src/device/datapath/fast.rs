@@ -405,7 +405,7 @@ pub fn ack_template(
         syndrome: syndrome::ACK_UNLIMITED,
         msn: 0,
     });
-    let mut net = net.clone();
+    let mut net = *net;
     if let IpRepr::V4(ip) = &mut net.ip {
         ip.id = 0;
     }
