@@ -139,6 +139,8 @@ impl Ctl {
 fn merge_stats(parts: &[Value]) -> Value {
     let mut dp = serde_json::Map::new();
     let mut xsk = Vec::new();
+    // The XDP responder's counters of each QP that has a slot.
+    let mut xdp_qps = Vec::new();
     for p in parts {
         if let Some(m) = p["datapath"].as_object() {
             for (k, v) in m {
@@ -154,8 +156,13 @@ fn merge_stats(parts: &[Value]) -> Value {
             }
         }
         xsk.extend(p["xsk"].as_array().into_iter().flatten().cloned());
+        for q in p["qps"].as_array().into_iter().flatten() {
+            if !q["xdp_responder"].is_null() {
+                xdp_qps.push(json!({"qpn": q["qpn"], "xdp_responder": q["xdp_responder"]}));
+            }
+        }
     }
-    json!({"datapath": dp, "xsk": xsk})
+    json!({"datapath": dp, "xsk": xsk, "xdp_responder": xdp_qps})
 }
 
 pub fn socket_path(iface: &str) -> PathBuf {
@@ -459,7 +466,7 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
                 Value::Object(m)
             };
             let dp = merge_stats(&ctl.run_all(|dp| Ok(dp.stats_json())).await?);
-            Ok(json!({"iface": ctl.iface, "mode": ctl.socket_mode, "xdp": xdp, "datapath": dp["datapath"], "xsk": dp["xsk"]}))
+            Ok(json!({"iface": ctl.iface, "mode": ctl.socket_mode, "xdp": xdp, "datapath": dp["datapath"], "xsk": dp["xsk"], "xdp_responder": dp["xdp_responder"]}))
         }
         Request::MrReg { len, access, pool } => {
             let access = Access::parse(&access).map_err(|e| anyhow!(e))?;

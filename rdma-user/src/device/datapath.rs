@@ -384,6 +384,8 @@ pub struct Core {
     fast: Option<Fast>,
     /// MRs taken from the pool here: lkey -> (pool offset, rkey).
     pool_owned: HashMap<u32, (usize, u32)>,
+    /// Pool MRs mapped over application pages: lkey -> (address, bytes).
+    overlays: HashMap<u32, (usize, usize)>,
     /// Some QP may be lendable to XDP (see `lend_idle`).
     lend_pending: bool,
 }
@@ -436,6 +438,7 @@ impl Core {
             gsi: None,
             fast: None,
             pool_owned: HashMap::new(),
+            overlays: HashMap::new(),
             lend_pending: false,
         }
     }
@@ -806,6 +809,9 @@ impl Core {
         let slot = self.qps.get_mut(&qpn).ok_or(DeviceError::NoQp(qpn))?;
         slot.net = Some(net);
         slot.path = Some(path);
+        if matches!(slot.qp.state(), QpState::Rtr | QpState::Rts) {
+            self.claim_resp_slot(qpn);
+        }
         Ok(())
     }
 
@@ -1256,7 +1262,10 @@ impl DataPath {
         qps.sort_by_key(|q| q.0);
         let qps: Vec<serde_json::Value> = qps
             .into_iter()
-            .map(|(n, s)| serde_json::json!({"qpn": n, "stats": s}))
+            .map(|(n, s)| {
+                serde_json::json!({"qpn": n, "stats": s,
+                    "xdp_responder": self.core.xdp_responder_stats(n)})
+            })
             .collect();
         // DCQCN's counters over all QPs, under mlx5's names.
         let mut dp = serde_json::to_value(self.core.stats).unwrap_or_default();

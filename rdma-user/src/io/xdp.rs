@@ -211,6 +211,9 @@ pub fn stat_names() -> &'static [&'static str] {
 pub struct PoolMapping {
     ptr: NonNull<u8>,
     len: usize,
+    /// The map, to map ranges of it elsewhere (over an application's
+    /// pages: `Core::reg_mr_overlay`).
+    fd: std::os::fd::OwnedFd,
 }
 
 // SAFETY: plain shared memory; who may touch which range is decided by the
@@ -243,7 +246,33 @@ impl PoolMapping {
         Ok(PoolMapping {
             ptr: NonNull::new(p as *mut u8).ok_or_else(|| anyhow!("mmap returned null"))?,
             len,
+            fd: fd.try_clone_to_owned().context("dup the MR pool map's fd")?,
         })
+    }
+
+    /// Maps the pool's pages `off..off+len` at `at` instead of what was
+    /// there (`MAP_FIXED`).
+    ///
+    /// # Safety
+    /// `at..at+len` is page-aligned memory of this process that nothing
+    /// else maps or relies on the backing of; `off` and `len` are whole
+    /// pages inside the pool.
+    pub unsafe fn map_over(&self, at: *mut u8, off: usize, len: usize) -> std::io::Result<()> {
+        // SAFETY: the caller's guarantee; the result is checked.
+        let p = unsafe {
+            libc::mmap(
+                at as *mut libc::c_void,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                self.fd.as_raw_fd(),
+                off as libc::off_t,
+            )
+        };
+        if p == libc::MAP_FAILED || p as *mut u8 != at {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     /// The first byte of the pool.

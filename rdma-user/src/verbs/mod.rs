@@ -149,6 +149,15 @@ impl Drop for Inner {
             if let Ok(dp) = self.dp.lock() {
                 eprintln!("rdma-xdp stats {}: {}", self.iface, dp.stats_json());
             }
+            if let Some(Ok(s)) = self.attachment.as_ref().map(|a| a.xdp.stats()) {
+                let names = crate::io::xdp::stat_names();
+                let m: serde_json::Map<String, serde_json::Value> = s
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| (names[i].to_string(), (*v).into()))
+                    .collect();
+                eprintln!("rdma-xdp xdp {}: {}", self.iface, serde_json::Value::Object(m));
+            }
         }
         drop(self.attachment.take());
     }
@@ -312,7 +321,20 @@ impl Pd {
         access: Access,
     ) -> Result<Mr> {
         let pdn = self.pdn;
-        let (lkey, rkey) = self.ctx.call(|dp| {
+        // RDMA_XDP_POOL=1: page-aligned regions move into the MR pool
+        // (same addresses and bytes), where the XDP responder serves the
+        // peer's WRITEs; others stay where they are.
+        let pool = std::env::var_os("RDMA_XDP_POOL").is_some_and(|v| v == "1");
+        let ptr_addr = ptr as usize;
+        let (lkey, rkey) = self.ctx.call(move |dp| {
+            let ptr = ptr_addr as *mut u8;
+            if pool {
+                // SAFETY: the caller's guarantee, passed on; the pages of
+                // an `ibv_reg_mr` region are the program's private memory.
+                if let Some(r) = unsafe { dp.core.reg_mr_overlay(pdn, ptr, len, iova, access) } {
+                    return r;
+                }
+            }
             // SAFETY: the caller's guarantee, passed on.
             unsafe { dp.core.reg_mr_raw(pdn, ptr, len, iova, access) }
         })?;

@@ -322,6 +322,30 @@ pub fn stats(g: &Global) -> Result<()> {
         for (k, n) in v["datapath"].as_object().into_iter().flatten() {
             println!("  {k:<22} {n}");
         }
+        if let Some(qs) = v["xdp_responder"].as_array().filter(|a| !a.is_empty()) {
+            println!("XDP responder (per QP):");
+            for q in qs {
+                let x = &q["xdp_responder"];
+                let punts: Vec<String> = x["punts"]
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .filter(|(_, n)| n.as_u64().unwrap_or(0) > 0)
+                    .map(|(k, n)| format!("{k} {n}"))
+                    .collect();
+                println!(
+                    "  QP {:#x}: {} placed ({} bytes), {} ACKs; lent {} times, taken back {}; {}; punts: {}",
+                    q["qpn"].as_u64().unwrap_or(0),
+                    x["placed"],
+                    x["placed_bytes"],
+                    x["acks"],
+                    x["lends"],
+                    x["take_backs"],
+                    if x["lent"] == true { "lent now" } else { "with the engine" },
+                    if punts.is_empty() { "none".into() } else { punts.join(", ") }
+                );
+            }
+        }
         println!("AF_XDP sockets (one per queue):");
         for (q, x) in v["xsk"].as_array().into_iter().flatten().enumerate() {
             println!(

@@ -77,6 +77,9 @@ pub(super) struct Lend {
     pub slot: Option<u32>,
     /// XDP owns (or may own) the responder's state.
     pub lent: bool,
+    /// Hand-overs: to XDP, and back to the engine.
+    pub lends: u64,
+    pub take_backs: u64,
 }
 
 impl Core {
@@ -152,6 +155,80 @@ impl Core {
         Ok((addr, lkey, rkey, off))
     }
 
+    /// Registers application memory in the pool (the drop-in library's
+    /// `ibv_reg_mr` with `RDMA_XDP_POOL=1`): its pages are copied into a
+    /// pool range and that range is mapped over them (`MAP_FIXED`), so the
+    /// application keeps its addresses and contents while XDP can place
+    /// WRITEs into them. Deregistration copies them back onto fresh
+    /// anonymous pages. `None` where it cannot apply (no pool, not
+    /// page-aligned, pool full): the caller registers in place instead.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` is the caller's memory, mapped until
+    /// `dereg_mr`; the whole pages it spans are ordinary private memory of
+    /// this process whose backing may change (same addresses, same bytes).
+    pub unsafe fn reg_mr_overlay(
+        &mut self,
+        pd: u32,
+        ptr: *mut u8,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Option<Result<(u32, u32)>> {
+        let fast = self.fast.clone()?;
+        let page = rdma_common::mr_pool::PAGE;
+        if len == 0 || len > self.limits.max_mr_len || ptr as usize % page != 0 {
+            return None;
+        }
+        let span = len.div_ceil(page) * page;
+        let off = fast.pages.lock().expect("pool lock").alloc(span).ok()?;
+        let dst = fast.maps.pool.as_ptr().wrapping_add(off);
+        // SAFETY: the caller's pages (readable) into a pool range the
+        // allocator just gave us; then the range over the pages.
+        let mapped = unsafe {
+            std::ptr::copy_nonoverlapping(ptr, dst, span);
+            fast.maps.pool.map_over(ptr, off, span)
+        };
+        if let Err(e) = mapped {
+            log::debug!("MR pool overlay at {ptr:p}: {e}");
+            fast.pages.lock().expect("pool lock").free(off);
+            return None;
+        }
+        let keys = match self
+            .mem
+            .register(pd, Backing::Raw { ptr, len }, iova, access)
+        {
+            Ok(k) => k,
+            Err(e) => {
+                // SAFETY: our overlay of the caller's pages, undone.
+                unsafe { unmap_overlay(ptr, dst, span) };
+                fast.pages.lock().expect("pool lock").free(off);
+                return Some(Err(e.into()));
+            }
+        };
+        let (lkey, rkey) = keys;
+        let e = fast.maps.mr(rkey % POOL_MR_SLOTS);
+        // SAFETY: a slot of the POOL_MRS mapping (see reg_mr_pool).
+        unsafe {
+            if (*e).valid == 0 {
+                e.write(PoolMr {
+                    rkey,
+                    pd,
+                    access: access.0,
+                    valid: 1,
+                    iova,
+                    len: len as u64,
+                    pool_off: off as u64,
+                });
+            }
+        }
+        self.pool_owned.insert(lkey, (off, rkey));
+        self.overlays.insert(lkey, (ptr as usize, span));
+        fast.live.fetch_add(1, Ordering::Relaxed);
+        self.lend_pending = true;
+        Some(Ok(keys))
+    }
+
     /// The pool offset of an MR this device took from the pool.
     pub fn pool_offset(&self, lkey: u32) -> Option<usize> {
         self.pool_owned.get(&lkey).map(|&(off, _)| off)
@@ -183,6 +260,10 @@ impl Core {
             }
         }
         fast.live.fetch_sub(1, Ordering::Relaxed);
+        if let Some((at, span)) = self.overlays.remove(&lkey) {
+            // SAFETY: our overlay (reg_mr_overlay), no longer placed into.
+            unsafe { unmap_overlay(at as *mut u8, fast.maps.pool.as_ptr().wrapping_add(off), span) };
+        }
         fast.pages.lock().expect("pool lock").free(off);
     }
 
@@ -321,6 +402,7 @@ impl Core {
             }
             fast.owner(i).swap(owner::XDP, Ordering::SeqCst);
             slot.lend.lent = true;
+            slot.lend.lends += 1;
         }
     }
 
@@ -346,7 +428,8 @@ impl Core {
             punts.insert((*n).into(), v.into());
         }
         Some(serde_json::json!({
-            "slot": i, "lent": slot.lend.lent, "placed": st.placed,
+            "slot": i, "lent": slot.lend.lent, "lends": slot.lend.lends,
+            "take_backs": slot.lend.take_backs, "placed": st.placed,
             "placed_bytes": st.placed_bytes, "acks": st.acks, "punts": punts,
         }))
     }
@@ -384,6 +467,7 @@ pub(super) fn take_back(fast: &Fast, slot: &mut QpSlot) {
         ip.id = st.ip_id as u16;
     }
     slot.lend.lent = false;
+    slot.lend.take_backs += 1;
 }
 
 /// The ACK frame the engine would send on this QP's path, for PSN 0 and
@@ -415,4 +499,33 @@ pub fn ack_template(
     let n = net.emit_net_and_icrc(&mut buf, tl + ICRC_LEN).ok()?;
     let l3 = net.eth.header_len();
     Some((buf, n, l3, matches!(net.ip, IpRepr::V4(_))))
+}
+
+/// Puts fresh anonymous pages back under an overlay at `at` and copies the
+/// bytes from the pool range `src` onto them.
+///
+/// # Safety
+/// `at..at+span` is an overlay made by `reg_mr_overlay` and `src` its pool
+/// range; nothing writes either meanwhile.
+unsafe fn unmap_overlay(at: *mut u8, src: *const u8, span: usize) {
+    // SAFETY: the caller's guarantee; replacing our own overlay mapping.
+    let p = unsafe {
+        libc::mmap(
+            at as *mut libc::c_void,
+            span,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    if p != libc::MAP_FAILED {
+        // SAFETY: both ranges are span bytes, mapped, and distinct.
+        unsafe { std::ptr::copy_nonoverlapping(src, at, span) };
+    } else {
+        log::warn!(
+            "could not restore the pages under a pool MR at {at:p}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
 }
