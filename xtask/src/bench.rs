@@ -174,10 +174,19 @@ pub(crate) fn bench(quick: bool) -> Result<()> {
     ] {
         for polling in ["spin", "adaptive"] {
             eprintln!("[lib] ib_{tool} -s {size} -n {n} (data path {polling})");
-            match perftest_over_library(&bin, &ns, &addrs, tool, size, n, polling) {
+            match perftest_over_library(&bin, &ns, &addrs, tool, size, n, polling, false) {
                 Ok(v) => records.push(v),
                 Err(e) => eprintln!("   failed: {e:#}"),
             }
+        }
+    }
+    // The same tools with their buffers in the MR pool (RDMA_XDP_POOL=1):
+    // the peer's WRITEs go to the XDP responder.
+    for (tool, size, n) in [("write_lat", 2, lat_n), ("write_bw", 65536, "2000")] {
+        eprintln!("[lib] ib_{tool} -s {size} -n {n} (data path adaptive, RDMA_XDP_POOL=1)");
+        match perftest_over_library(&bin, &ns, &addrs, tool, size, n, "adaptive", true) {
+            Ok(v) => records.push(v),
+            Err(e) => eprintln!("   failed: {e:#}"),
         }
     }
     eprintln!("[{total}/{total}] engine microbenchmark");
@@ -205,6 +214,7 @@ pub(crate) fn bench(quick: bool) -> Result<()> {
 /// One perftest run (server in namespace 1 on CPU 1, client in namespace 0
 /// on CPU 0, both through `rdma-xdp exec`), as a record like bench's:
 /// test `lib_<tool>_<polling>`.
+#[allow(clippy::too_many_arguments)]
 fn perftest_over_library(
     bin: &std::path::Path,
     ns: &[String; 2],
@@ -213,6 +223,7 @@ fn perftest_over_library(
     size: u64,
     n: &str,
     polling: &str,
+    pool: bool,
 ) -> Result<Value> {
     let run = |i: usize, server: Option<&str>| {
         let mut c = Command::new("ip");
@@ -224,6 +235,7 @@ fn perftest_over_library(
             .args(server)
             .env("RDMA_XDP_POLLING", polling)
             .env("RDMA_XDP_CPU", i.to_string())
+            .env("RDMA_XDP_POOL", if pool { "1" } else { "0" })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         c
@@ -253,13 +265,14 @@ fn perftest_over_library(
             )
         })?;
     let test = format!("lib_{tool}_{polling}");
+    let path = if pool { "xdp" } else { "user" };
     Ok(if tool.ends_with("_lat") {
-        serde_json::json!({"test": test, "bytes": size, "iters": f.get(1),
+        serde_json::json!({"test": test, "bytes": size, "iters": f.get(1), "path": path,
             "t_typical_us": f.get(4), "t_avg_us": f.get(5), "p99_us": f.get(7)})
     } else {
         // perftest's MB/sec is 2^20 bytes a second.
         let gbps = f.get(3).map(|mb| mb * 1048576.0 * 8.0 / 1e9);
-        serde_json::json!({"test": test, "bytes": size, "iters": f.get(1),
+        serde_json::json!({"test": test, "bytes": size, "iters": f.get(1), "path": path,
             "bw_avg_gbps": gbps, "msg_rate_mpps": f.get(4)})
     })
 }
@@ -426,6 +439,20 @@ pub(crate) fn summary(r: &[Value]) -> String {
             cpu("xdp"),
             cpu("user"),
             "at or near 0",
+        ),
+        (
+            "unmodified ib_write_lat 2 B over libibverbs (adaptive): RDMA_XDP_POOL=1 / without",
+            find_path(r, "lib_write_lat_adaptive", 2, "xdp", false)
+                .and_then(|v| v["t_typical_us"].as_f64()),
+            tt("lib_write_lat_adaptive", 2),
+            "-",
+        ),
+        (
+            "unmodified ib_write_bw 64 KiB over libibverbs (adaptive, Gb/s): RDMA_XDP_POOL=1 / without",
+            find_path(r, "lib_write_bw_adaptive", 65536, "xdp", false)
+                .and_then(|v| v["bw_avg_gbps"].as_f64()),
+            bw("lib_write_bw_adaptive", 65536),
+            "-",
         ),
         (
             "target's XDP ns per run, write_bw 64 KiB: with the ICRC check / without",

@@ -246,7 +246,9 @@ impl PoolMapping {
         Ok(PoolMapping {
             ptr: NonNull::new(p as *mut u8).ok_or_else(|| anyhow!("mmap returned null"))?,
             len,
-            fd: fd.try_clone_to_owned().context("dup the MR pool map's fd")?,
+            fd: fd
+                .try_clone_to_owned()
+                .context("dup the MR pool map's fd")?,
         })
     }
 

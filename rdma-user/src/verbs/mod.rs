@@ -156,7 +156,11 @@ impl Drop for Inner {
                     .enumerate()
                     .map(|(i, v)| (names[i].to_string(), (*v).into()))
                     .collect();
-                eprintln!("rdma-xdp xdp {}: {}", self.iface, serde_json::Value::Object(m));
+                eprintln!(
+                    "rdma-xdp xdp {}: {}",
+                    self.iface,
+                    serde_json::Value::Object(m)
+                );
             }
         }
         drop(self.attachment.take());

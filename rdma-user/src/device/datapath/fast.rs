@@ -177,7 +177,7 @@ impl Core {
     ) -> Option<Result<(u32, u32)>> {
         let fast = self.fast.clone()?;
         let page = rdma_common::mr_pool::PAGE;
-        if len == 0 || len > self.limits.max_mr_len || ptr as usize % page != 0 {
+        if len == 0 || len > self.limits.max_mr_len || !(ptr as usize).is_multiple_of(page) {
             return None;
         }
         let span = len.div_ceil(page) * page;
@@ -262,7 +262,13 @@ impl Core {
         fast.live.fetch_sub(1, Ordering::Relaxed);
         if let Some((at, span)) = self.overlays.remove(&lkey) {
             // SAFETY: our overlay (reg_mr_overlay), no longer placed into.
-            unsafe { unmap_overlay(at as *mut u8, fast.maps.pool.as_ptr().wrapping_add(off), span) };
+            unsafe {
+                unmap_overlay(
+                    at as *mut u8,
+                    fast.maps.pool.as_ptr().wrapping_add(off),
+                    span,
+                )
+            };
         }
         fast.pages.lock().expect("pool lock").free(off);
     }
