@@ -21,6 +21,24 @@ impl Drop for Reap {
     }
 }
 
+/// The relay's arguments for every kind of fault at once, seeded.
+fn every_fault(seed: &str) -> [&str; 12] {
+    [
+        "--loss",
+        "0.05",
+        "--reorder",
+        "0.05",
+        "--dup",
+        "0.02",
+        "--corrupt",
+        "0.005",
+        "--jitter-us",
+        "20",
+        "--seed",
+        seed,
+    ]
+}
+
 /// Runs the soak client on A against a soak server on B; returns the
 /// client's report.
 fn soak(lab: &Lab, ops: u64, seed: u64) -> Value {
@@ -70,20 +88,7 @@ fn soak_with(lab: &Lab, ops: u64, seed: u64, extra: &[&str]) -> Value {
 fn soak_through_the_relay_with_every_fault_loses_nothing() {
     let _g = serial();
     let mut lab = Lab::with_relay(1500);
-    lab.start_relay(&[
-        "--loss",
-        "0.05",
-        "--reorder",
-        "0.05",
-        "--dup",
-        "0.02",
-        "--corrupt",
-        "0.005",
-        "--jitter-us",
-        "20",
-        "--seed",
-        "11",
-    ]);
+    lab.start_relay(&every_fault("11"));
     let rep = soak(&lab, 3000, 5);
     let r = lab.stop_relay();
     for k in ["lost", "duplicated", "corrupted", "error_wcs"] {
@@ -108,20 +113,7 @@ fn soak_through_the_relay_with_every_fault_loses_nothing() {
 fn soak_with_the_xdp_responder_through_every_fault_loses_nothing() {
     let _g = serial();
     let mut lab = Lab::with_relay(1500);
-    lab.start_relay(&[
-        "--loss",
-        "0.05",
-        "--reorder",
-        "0.05",
-        "--dup",
-        "0.02",
-        "--corrupt",
-        "0.005",
-        "--jitter-us",
-        "20",
-        "--seed",
-        "12",
-    ]);
+    lab.start_relay(&every_fault("12"));
     let rep = soak_with(&lab, 3000, 6, &["--pool", "--no-selective-repeat"]);
     lab.stop_relay();
     for k in ["lost", "duplicated", "corrupted", "error_wcs"] {

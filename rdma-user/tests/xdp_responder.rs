@@ -308,6 +308,17 @@ fn xdp_decisions_and_acks_equal_the_engines() {
     }
 }
 
+/// A lent QP in PD 1 that takes remote WRITEs, MTU 4096, at PSN 0.
+fn writable_qp() -> RespState {
+    RespState {
+        pkey: 0xffff,
+        mtu: 4096,
+        pd: 1,
+        qp_access: fastpath::ACCESS_REMOTE_WRITE,
+        ..Default::default()
+    }
+}
+
 /// The verifier proves a placement stays inside the pool from the masks
 /// alone; they must never change a value that passed `fast_write`.
 #[test]
@@ -325,13 +336,7 @@ fn pool_masks_change_nothing_that_passed_the_checks() {
             len,
             pool_off,
         };
-        let st = RespState {
-            pkey: 0xffff,
-            mtu: 4096,
-            pd: 1,
-            qp_access: fastpath::ACCESS_REMOTE_WRITE,
-            ..Default::default()
-        };
+        let st = writable_qp();
         let plen = rng.below(4097) as u32;
         let va = mr.iova + rng.below(len + 8192);
         let wr = WriteReq {
@@ -364,13 +369,7 @@ fn pool_masks_change_nothing_that_passed_the_checks() {
         len: 8192,
         pool_off: mr_pool::BYTES as u64 - 4096,
     };
-    let st = RespState {
-        pkey: 0xffff,
-        mtu: 4096,
-        pd: 1,
-        qp_access: fastpath::ACCESS_REMOTE_WRITE,
-        ..Default::default()
-    };
+    let st = writable_qp();
     let wr = WriteReq {
         opcode: opcode::RC_RDMA_WRITE_ONLY,
         pkey: 0xffff,

@@ -225,26 +225,9 @@ unsafe impl Sync for PoolMapping {}
 impl PoolMapping {
     fn new(fd: BorrowedFd<'_>) -> Result<PoolMapping> {
         let len = mr_pool::VALUE_BYTES;
-        // SAFETY: FFI with a valid fd and a length equal to the map value
-        // (page-aligned, so the whole array is covered); checked below.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            bail!(
-                "mmap the MR pool map ({len} bytes): {}",
-                std::io::Error::last_os_error()
-            );
-        }
+        let ptr = mmap_map(fd, len).context("the MR pool map")?;
         Ok(PoolMapping {
-            ptr: NonNull::new(p as *mut u8).ok_or_else(|| anyhow!("mmap returned null"))?,
+            ptr,
             len,
             fd: fd
                 .try_clone_to_owned()
@@ -346,26 +329,9 @@ impl ArrayMapping {
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
         let len = (stride * entries as usize).div_ceil(page) * page;
-        // SAFETY: FFI with the map's fd and a length covering its values;
-        // checked below.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                data.fd().as_fd().as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            bail!(
-                "mmap an array map ({len} bytes): {}",
-                std::io::Error::last_os_error()
-            );
-        }
+        let ptr = mmap_map(data.fd().as_fd(), len).context("an array map")?;
         Ok(ArrayMapping {
-            ptr: NonNull::new(p as *mut u8).ok_or_else(|| anyhow!("mmap returned null"))?,
+            ptr,
             len,
             stride,
             entries,
@@ -392,4 +358,25 @@ impl Drop for ArrayMapping {
 /// as long as the returned fd is open.
 pub fn enable_run_stats() -> Result<std::os::fd::OwnedFd> {
     Ok(aya::sys::enable_stats(aya::sys::Stats::RunTime)?)
+}
+
+/// Maps `len` bytes of a `BPF_F_MMAPABLE` map (its values from the first)
+/// `MAP_SHARED`, read-write.
+fn mmap_map(fd: BorrowedFd<'_>, len: usize) -> Result<NonNull<u8>> {
+    // SAFETY: FFI with a valid fd and a length within the map's values
+    // (the callers round to pages the map covers); checked below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        bail!("mmap {len} bytes: {}", std::io::Error::last_os_error());
+    }
+    NonNull::new(p as *mut u8).ok_or_else(|| anyhow!("mmap returned null"))
 }

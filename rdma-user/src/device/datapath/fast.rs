@@ -132,26 +132,7 @@ impl Core {
                 return Err(e.into());
             }
         };
-        let e = fast.maps.mr(rkey % POOL_MR_SLOTS);
-        // SAFETY: a slot of the POOL_MRS mapping; XDP only reads it. A slot
-        // another live MR holds stays as it is (that MR keeps the XDP
-        // path, this one gets the user path).
-        unsafe {
-            if (*e).valid == 0 {
-                e.write(PoolMr {
-                    rkey,
-                    pd,
-                    access: access.0,
-                    valid: 1,
-                    iova: addr,
-                    len: len as u64,
-                    pool_off: off as u64,
-                });
-            }
-        }
-        self.pool_owned.insert(lkey, (off, rkey));
-        fast.live.fetch_add(1, Ordering::Relaxed);
-        self.lend_pending = true;
+        self.publish_pool_mr(&fast, (lkey, rkey), pd, access, (addr, len), off);
         Ok((addr, lkey, rkey, off))
     }
 
@@ -206,9 +187,26 @@ impl Core {
                 return Some(Err(e.into()));
             }
         };
-        let (lkey, rkey) = keys;
+        self.publish_pool_mr(&fast, keys, pd, access, (iova, len), off);
+        self.overlays.insert(keys.0, (ptr as usize, span));
+        Some(Ok(keys))
+    }
+
+    /// Describes a pool MR to XDP (`POOL_MRS` at the rkey's slot) and
+    /// remembers its range for deregistration. A slot another live MR
+    /// holds stays as it is: that MR keeps the XDP path, this one gets the
+    /// user path.
+    fn publish_pool_mr(
+        &mut self,
+        fast: &Fast,
+        (lkey, rkey): (u32, u32),
+        pd: u32,
+        access: Access,
+        (iova, len): (u64, usize),
+        off: usize,
+    ) {
         let e = fast.maps.mr(rkey % POOL_MR_SLOTS);
-        // SAFETY: a slot of the POOL_MRS mapping (see reg_mr_pool).
+        // SAFETY: a slot of the POOL_MRS mapping; XDP only reads it.
         unsafe {
             if (*e).valid == 0 {
                 e.write(PoolMr {
@@ -223,10 +221,8 @@ impl Core {
             }
         }
         self.pool_owned.insert(lkey, (off, rkey));
-        self.overlays.insert(lkey, (ptr as usize, span));
         fast.live.fetch_add(1, Ordering::Relaxed);
         self.lend_pending = true;
-        Some(Ok(keys))
     }
 
     /// The pool offset of an MR this device took from the pool.
