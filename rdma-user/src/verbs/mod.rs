@@ -161,6 +161,13 @@ impl Drop for Inner {
                     self.iface,
                     serde_json::Value::Object(m)
                 );
+                let acked = s[rdma_common::stat::XDP_ACKED as usize];
+                let placed = s[rdma_common::stat::XDP_PLACED as usize] + acked;
+                if placed > 0 {
+                    eprintln!(
+                        "rdma-xdp: the XDP responder placed {placed} packets ({acked} ACKed by XDP_TX)"
+                    );
+                }
             }
         }
         drop(self.attachment.take());
