@@ -50,13 +50,15 @@ pub struct Frame {
     pub src_port: u16,
     /// The IP header's ECN field says CE.
     pub ce: bool,
+    /// The opcode's flags (classify looked them up).
+    pub flags: rdma_common::OpFlags,
 }
 
 /// `Some(verdict, counter)` when XDP served the packet; `None` to redirect
 /// it to user space as usual.
 #[inline(always)]
 pub fn try_serve(ctx: &XdpContext, bth: &Bth, f: &Frame) -> Option<(u32, u32)> {
-    let (flags, _) = rdma_common::OPCODE_FLAGS[bth.opcode as usize];
+    let flags = f.flags;
     // Responses, ACKs and CNPs belong to the requester, which the engine
     // runs: only RC requests concern the responder's owner.
     if bth.opcode >= 0x20

@@ -226,6 +226,7 @@ fn classify(ctx: &XdpContext) -> (u32, u32) {
         src_gid: src,
         src_port: udp.src_port(),
         ce: ecn == 3,
+        flags,
     };
     if let Some(v) = fast::try_serve(ctx, bth, &frame) {
         return v;

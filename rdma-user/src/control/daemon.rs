@@ -456,12 +456,7 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
         Request::Stats => {
             let xdp = {
                 let x = ctl.xdp.lock().map_err(|_| anyhow!("lock"))?;
-                let s = x.stats()?;
-                let names = crate::io::xdp::stat_names();
-                let mut m = serde_json::Map::new();
-                for (i, v) in s.iter().enumerate() {
-                    m.insert(names[i].to_string(), json!(v));
-                }
+                let mut m = x.stats_map()?;
                 m.insert("verified_insns".into(), json!(x.verified_insns));
                 Value::Object(m)
             };

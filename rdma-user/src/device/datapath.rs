@@ -842,10 +842,9 @@ impl Core {
             max_rd_atomic: Some(c.max_rd_atomic),
             ..Default::default()
         })?;
-        // RTR named the peer QP: the headers follow from it.
-        self.set_path(qpn, path)?;
-        self.claim_resp_slot(qpn);
-        Ok(())
+        // RTR named the peer QP: the headers follow from it (and, the QP
+        // being in RTS, its slot for the XDP responder).
+        self.set_path(qpn, path)
     }
 
     pub fn post_send(&mut self, qpn: u32, wr: &SendWr) -> Result<()> {

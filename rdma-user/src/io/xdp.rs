@@ -104,6 +104,17 @@ impl XdpProgram {
     }
 
     /// Per-reason counters, summed over CPUs.
+    /// The counters by name (`rdma-xdp stats`' "xdp" object).
+    pub fn stats_map(&self) -> Result<serde_json::Map<String, serde_json::Value>> {
+        let names = stat_names();
+        Ok(self
+            .stats()?
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (names[i].to_string(), (*v).into()))
+            .collect())
+    }
+
     pub fn stats(&self) -> Result<[u64; stat::COUNT as usize]> {
         let m: PerCpuArray<&MapData, u64> = self
             .ebpf
@@ -268,12 +279,6 @@ impl PoolMapping {
     /// The bytes MRs may use (the slack excluded).
     pub fn usable(&self) -> usize {
         mr_pool::BYTES
-    }
-
-    /// Whether `ptr..ptr+len` lies in the usable part; its offset if so.
-    pub fn offset_of(&self, ptr: *const u8, len: usize) -> Option<usize> {
-        let off = (ptr as usize).checked_sub(self.as_ptr() as usize)?;
-        (off.checked_add(len)? <= self.usable()).then_some(off)
     }
 }
 

@@ -149,20 +149,14 @@ impl Drop for Inner {
             if let Ok(dp) = self.dp.lock() {
                 eprintln!("rdma-xdp stats {}: {}", self.iface, dp.stats_json());
             }
-            if let Some(Ok(s)) = self.attachment.as_ref().map(|a| a.xdp.stats()) {
-                let names = crate::io::xdp::stat_names();
-                let m: serde_json::Map<String, serde_json::Value> = s
-                    .iter()
-                    .enumerate()
-                    .map(|(i, v)| (names[i].to_string(), (*v).into()))
-                    .collect();
+            if let Some(Ok(m)) = self.attachment.as_ref().map(|a| a.xdp.stats_map()) {
+                let n = |k: &str| m.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
+                let (acked, placed) = (n("xdp_acked"), n("xdp_placed") + n("xdp_acked"));
                 eprintln!(
                     "rdma-xdp xdp {}: {}",
                     self.iface,
                     serde_json::Value::Object(m)
                 );
-                let acked = s[rdma_common::stat::XDP_ACKED as usize];
-                let placed = s[rdma_common::stat::XDP_PLACED as usize] + acked;
                 if placed > 0 {
                     eprintln!(
                         "rdma-xdp: the XDP responder placed {placed} packets ({acked} ACKed by XDP_TX)"

@@ -171,14 +171,7 @@ pub fn xsk_recv(
         }
         std::io::stdout().flush()?;
     }
-    let s = prog.stats()?;
-    let names = rdma_user::io::xdp::stat_names();
-    let m: serde_json::Map<String, Value> = s
-        .iter()
-        .enumerate()
-        .map(|(i, v)| (names[i].to_string(), Value::from(*v)))
-        .collect();
-    println!("stats {}", Value::Object(m));
+    println!("stats {}", Value::Object(prog.stats_map()?));
     Ok(())
 }
 /// Two verbs contexts in one process, one per interface: WRITE, READ,

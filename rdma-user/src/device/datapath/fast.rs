@@ -88,10 +88,6 @@ impl Core {
         self.fast = Some(fast);
     }
 
-    pub fn has_pool(&self) -> bool {
-        self.fast.is_some()
-    }
-
     /// Registers `len` bytes of the MR pool: memory the XDP program can
     /// place WRITEs into. The range is zeroed. Returns the address (peers
     /// use it as the VA), the keys and the range's offset in the pool.
