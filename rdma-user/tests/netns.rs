@@ -396,6 +396,76 @@ fn rdma_write_read_send_atomics_between_namespaces() {
 /// `mr reg --pool` takes its memory from the XDP program's MR pool map:
 /// a peer's WRITE lands there, the pool says when it is full, and a
 /// deregistration gives the range back.
+/// veth hands a frame sent with XDP_TX only to a peer that runs XDP: the
+/// daemon says so while its peer has none (and then lends no QP), and
+/// stops saying it once the peer has a program.
+#[test]
+fn a_veth_peer_without_xdp_is_named_in_stats() {
+    let _g = serial();
+    let mut lab = Lab::new(1500);
+    lab.up(1, &["--no-selective-repeat"]);
+    let tx = |lab: &Lab| lab.ok(1, &["stats"])["xdp"]["xdp_tx"].clone();
+    let v = tx(&lab);
+    let why = v.as_str().unwrap_or_default();
+    assert!(
+        why.contains("runs no XDP program") && why.contains("xdp-pass"),
+        "{v}"
+    );
+    lab.up(0, &[]);
+    assert_eq!(tx(&lab), "ok");
+}
+
+/// Host A - relay - host B, the relay on packet sockets: its veths get a
+/// pass-through XDP program, so the ACKs B's XDP responder sends with
+/// XDP_TX reach A. Before, every WRITE into B's pool MR completed only
+/// after A's retransmission timeout (the engine's ACK of the duplicate).
+#[test]
+fn xdp_acks_cross_a_relay_without_retransmission() {
+    let _g = serial();
+    let mut lab = Lab::with_relay(1500);
+    lab.start_relay(&[]);
+    lab.up(0, &[]);
+    lab.up(1, &["--no-selective-repeat"]);
+    let (_, a_l, _) = lab.mr(0, 1 << 16, "all");
+    let b = lab.ok(
+        1,
+        &["mr", "reg", "--len", "65536", "--access", "all", "--pool"],
+    );
+    let (b_addr, b_l, b_r) = (
+        b["addr"].as_u64().unwrap(),
+        b["lkey"].as_u64().unwrap(),
+        b["rkey"].as_u64().unwrap(),
+    );
+    let (qa, _) = lab.connect();
+    for k in 0..3u64 {
+        let data: Vec<u8> = (0..200u32).map(|i| (i as u64 * 13 + k) as u8).collect();
+        let v = lab.post_ok(
+            "write",
+            qa,
+            a_l,
+            &["--data", &hex(&data)],
+            b_addr + k * 1000,
+            b_r,
+        );
+        assert_eq!(v["wc"]["status"], "success");
+        assert_eq!(lab.mr_bytes(1, b_l, k * 1000, 200), data);
+    }
+    let x = lab.ok(1, &["qp", "list"])["qps"][0]["xdp_responder"].clone();
+    assert_eq!(
+        (x["placed"].as_u64(), x["acks"].as_u64()),
+        (Some(3), Some(3)),
+        "{x}"
+    );
+    let a = lab.ok(0, &["qp", "list"])["qps"][0]["stats"].clone();
+    assert_eq!(
+        (a["retransmits"].as_u64(), a["timeouts"].as_u64()),
+        (Some(0), Some(0)),
+        "{a}"
+    );
+    let r = lab.stop_relay();
+    assert!(r.to_string().contains("roce"), "{r}");
+}
+
 #[test]
 fn pool_mrs_take_writes_say_when_full_and_free_on_dereg() {
     let _g = serial();

@@ -40,6 +40,10 @@ pub(crate) struct Case {
     /// must not mention a failure either (cmtime reports a failed step on
     /// stderr and still exits 0).
     pub(crate) server_serves_on: bool,
+    /// Our side runs with the XDP responder (`RDMA_XDP_POOL=1`): the XDP
+    /// program's counters, printed at close (`RDMA_XDP_STATS=1`), must
+    /// show WRITEs it placed and ACKed itself.
+    pub(crate) ours_xdp: bool,
 }
 
 impl Case {
@@ -242,8 +246,22 @@ pub(crate) fn interop(o: &Options) -> Result<()> {
     // The same tools on our side too, unmodified, over the drop-in
     // libibverbs (`rdma-xdp exec`).
     cases.extend(library_cases(quick));
+    cases.extend(xdp_cases(quick));
     cases.extend(cm_cases(quick));
     let mut results = Vec::new();
+    // The bridge's end of our veth gets a pass-through XDP program, so
+    // that the ACKs of the XDP responder (XDP_TX) reach the bridge: veth
+    // hands XDP_TX frames only to a peer running XDP. Held for the cases
+    // below; the relay, which takes that end away, gives it its own.
+    let pass = Running(
+        Command::new("ip")
+            .args(["netns", "exec", NETNS, &b, "xdp-pass", HOST_PORT])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("start rdma-xdp xdp-pass on the bridge port")?,
+    );
+    std::thread::sleep(Duration::from_millis(300));
     let mut watch = CounterWatch::new(&lab, &[VmId::A]);
     for c in cases
         .iter()
@@ -275,6 +293,7 @@ pub(crate) fn interop(o: &Options) -> Result<()> {
     let (ok, line) = watch.verdict();
     println!("{line}");
     results.push(ok);
+    drop(pass);
     // Loss recovery across implementations: the impairment relay drops 1 %
     // of RoCE frames in both directions between us and rxe.
     let loss_cases = loss_cases(quick);
@@ -674,6 +693,7 @@ pub(crate) fn pingpong_case(prefix: &str, s: usize, n: u32, rxe_server: bool, v6
         result: None,
         ours_print_result: false,
         server_serves_on: false,
+        ours_xdp: false,
     }
 }
 
@@ -712,6 +732,7 @@ pub(crate) fn perf_case(
         result: Some((size.unwrap_or(8), n)),
         ours_print_result: rxe_server || !matches!(tool, "read_lat" | "atomic_lat"),
         server_serves_on: false,
+        ours_xdp: false,
     }
 }
 
@@ -834,6 +855,52 @@ pub(crate) fn library_cases(quick: bool) -> Vec<Case> {
         }
     }
     v
+}
+
+/// Unmodified perftest over the drop-in libibverbs with the XDP
+/// responder (`RDMA_XDP_POOL=1`): our side's WRITE targets are placed and
+/// ACKed by the XDP program, the ACKs leaving by `XDP_TX` across the
+/// bridge to rxe. rxe's counters must not move (no resend), and our XDP
+/// counters must show the placements. write_lat targets both sides;
+/// write_bw targets ours only as the server (rxe the client).
+pub(crate) fn xdp_cases(quick: bool) -> Vec<Case> {
+    let mut rows: Vec<(&str, usize, bool)> =
+        vec![("write_lat", 2, true), ("write_bw", 65536, false)];
+    if !quick {
+        rows.extend([
+            ("write_lat", 2, false),
+            ("write_lat", 5000, true),
+            ("write_lat", 5000, false),
+            ("write_bw", 5000, false),
+        ]);
+    }
+    rows.into_iter()
+        .map(|(tool, s, rxe_server)| {
+            let n = 200;
+            let mut c = perf_case("libibverbs+XDP: ", tool, "", Some(s), n, rxe_server);
+            c.ours = library_ours(
+                &format!("env RDMA_XDP_STATS=1 RDMA_XDP_POOL=1 ib_{tool} -x 1 -s {s} -n {n}"),
+                rxe_server.then_some("10.99.0.2"),
+            );
+            c.ours_ok = "#bytes".into();
+            c.ours_xdp = true;
+            c
+        })
+        .collect()
+}
+
+/// The packets the XDP program placed without answering and those it
+/// placed and ACKed on our side, from the counters
+/// the library prints at close with `RDMA_XDP_STATS=1`.
+fn xdp_placed_acked(stderr: &str) -> Result<(u64, u64)> {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("rdma-xdp xdp "))
+        .ok_or_else(|| anyhow::anyhow!("ours printed no XDP counters"))?;
+    let v: Value = serde_json::from_str(&line[line.find('{').unwrap_or(0)..])
+        .context("ours: the XDP counters' JSON")?;
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
+    Ok((n("xdp_placed"), n("xdp_acked")))
 }
 
 /// RDMA CM against rxe's kernel CM, both roles: rdmacm-utils and perftest
@@ -980,6 +1047,7 @@ pub(crate) fn cm_cases(quick: bool) -> Vec<Case> {
                 result,
                 ours_print_result: result.is_some(),
                 server_serves_on: serves_on,
+                ours_xdp: false,
             });
         }
     }
@@ -1014,6 +1082,7 @@ pub(crate) fn cm_cases(quick: bool) -> Vec<Case> {
                 result: None,
                 ours_print_result: false,
                 server_serves_on: true,
+                ours_xdp: false,
             });
         }
     }
@@ -1217,7 +1286,16 @@ pub(crate) fn run_case(lab: &Lab, bin: &str, c: &Case) -> Result<()> {
         (_, false, _) => bail!("rxe: {}", guest_tail(&rxe)),
         _ => {}
     }
-    check_result_lines(c, &o, &rxe.stdout)
+    check_result_lines(c, &o, &rxe.stdout)?;
+    if c.ours_xdp {
+        // Each packet counts once: placed and dropped, or placed and
+        // turned into its ACK.
+        let (placed, acked) = xdp_placed_acked(&String::from_utf8_lossy(&ours.stderr))?;
+        if acked == 0 {
+            bail!("ours: the XDP program sent no ACK ({placed} packets placed without one)");
+        }
+    }
+    Ok(())
 }
 
 /// perftest `-R` opens its data connection the moment the server has

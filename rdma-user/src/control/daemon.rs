@@ -180,7 +180,7 @@ pub fn run(opts: UpOptions) -> Result<()> {
     xdp.set_firewall(opts.firewall)?;
     // The XDP responder's maps and the MR pool, shared by the data paths.
     let fast = match xdp.map_fast() {
-        Ok(m) => Some(crate::device::datapath::Fast::new(m)),
+        Ok(m) => Some(crate::device::datapath::Fast::new(m, &iface)),
         Err(e) => {
             log::warn!("{iface}: no MR pool ({e:#}); `mr reg --pool` will fail");
             None
@@ -458,6 +458,10 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
                 let x = ctl.xdp.lock().map_err(|_| anyhow!("lock"))?;
                 let mut m = x.stats_map()?;
                 m.insert("verified_insns".into(), json!(x.verified_insns));
+                // Where the XDP responder's ACKs go: "ok", or why they
+                // would be lost (then it lends no QP).
+                let tx = crate::io::hostnet::xdp_tx_problem(&ctl.iface);
+                m.insert("xdp_tx".into(), json!(tx.as_deref().unwrap_or("ok")));
                 Value::Object(m)
             };
             let dp = merge_stats(&ctl.run_all(|dp| Ok(dp.stats_json())).await?);

@@ -78,7 +78,9 @@ impl Standalone {
         // The XDP responder serves pool MRs (`Core::reg_mr_pool`); without
         // its maps everything takes the user path.
         match xdp.map_fast() {
-            Ok(m) => dp.core.set_fast(crate::device::datapath::Fast::new(m)),
+            Ok(m) => dp
+                .core
+                .set_fast(crate::device::datapath::Fast::new(m, iface)),
             Err(e) => log::debug!("{iface}: no XDP responder ({e:#})"),
         }
         Ok(Standalone {

@@ -212,6 +212,59 @@ impl XdpProgram {
     }
 }
 
+/// The pass-through program (`rdma-ebpf/src/pass.rs`), embedded at build
+/// time.
+static PASS_PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xdp-pass"));
+
+/// A pass-through XDP program on the far end of a veth pair, so that the
+/// frames our XDP responder sends with `XDP_TX` reach that end's stack
+/// (veth polls a peer's XDP ring only when the peer runs XDP). Attached
+/// in native mode (what veth needs) for as long as this value lives.
+pub struct XdpPass {
+    _ebpf: Ebpf,
+    pub iface: String,
+}
+
+impl XdpPass {
+    pub fn attach(iface: &str) -> Result<XdpPass> {
+        let mut ebpf = Ebpf::load(PASS_PROGRAM)
+            .context("load the pass-through XDP program (needs root, BPF)")?;
+        let prog: &mut Xdp = ebpf
+            .program_mut("xdp_pass")
+            .ok_or_else(|| anyhow!("program xdp_pass missing from the object"))?
+            .try_into()?;
+        prog.load()
+            .context("the kernel verifier rejected the pass-through XDP program")?;
+        prog.attach(iface, AyaMode::Driver).with_context(|| {
+            format!("attach the pass-through XDP program (native) to {iface}; is another XDP program on it?")
+        })?;
+        Ok(XdpPass {
+            _ebpf: ebpf,
+            iface: iface.to_string(),
+        })
+    }
+}
+
+/// A pass-through program on `iface` if it is a veth without XDP (else
+/// `None`); a failure is logged, not fatal: frames sent with `XDP_TX` from
+/// the peer are then lost, and the requester's retransmission covers them.
+pub fn pass_through_if_veth(iface: &str) -> Option<XdpPass> {
+    match crate::io::hostnet::is_veth_without_xdp(iface) {
+        Ok(true) => match XdpPass::attach(iface) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                log::warn!("{iface}: {e:#}; XDP_TX frames from its peer will be lost");
+                None
+            }
+        },
+        Ok(false) => None,
+        Err(e) => {
+            log::warn!("{iface}: {e:#}");
+            None
+        }
+    }
+}
+
 pub fn stat_names() -> &'static [&'static str] {
     &stat::NAMES
 }

@@ -37,6 +37,14 @@ pub(crate) fn stop_requested() -> bool {
     STOP.load(Ordering::Relaxed)
 }
 
+/// Blocks until SIGINT or SIGTERM.
+pub fn wait_for_stop_signal() {
+    stop_on_signals();
+    while !stop_requested() {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// The wall clock, Unix nanoseconds: the one clock that processes in
 /// different namespaces (a relay, its flows) share.
 pub(crate) fn unix_ns() -> u64 {

@@ -178,6 +178,14 @@ pub fn run(o: RelayOptions, cfg: ImpairConfig) -> Result<(RelayReport, Option<Ti
     }
     socks.push(RawSocket::bind(o.b, true).with_context(|| format!("relay side B ({})", o.b))?);
     let nb = o.a.len();
+    // The hosts beside the relay may run the XDP responder, whose ACKs
+    // leave by XDP_TX: a veth delivers those only to a peer with XDP.
+    let _pass: Vec<_> =
+        o.a.iter()
+            .map(String::as_str)
+            .chain([o.b])
+            .filter_map(crate::io::xdp::pass_through_if_veth)
+            .collect();
     super::stop_on_signals();
     for sock in &socks {
         sock.enable_timestamps().context("SO_TIMESTAMPNS")?;

@@ -95,6 +95,14 @@ enum Cmd {
     /// A live view of the daemon's QPs (rates, bytes, retransmits, NAKs,
     /// CNPs, DCQCN rate and alpha); `--once [--json]` prints one sample.
     Top(top::TopArgs),
+    /// Give veth ends a pass-through XDP program until SIGINT/SIGTERM, so
+    /// that the ACKs our XDP responder sends with XDP_TX from their peers
+    /// reach them (veth hands XDP_TX frames only to a peer running XDP).
+    /// Run it on the far end of a veth whose other end runs rdma-xdp.
+    XdpPass {
+        #[arg(required = true, value_name = "IFACE")]
+        ifaces: Vec<String>,
+    },
     /// Verbs devices: which interfaces programs see (`rdma link` style).
     #[command(subcommand)]
     Link(verbs::LinkCmd),
@@ -206,6 +214,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Soak(a) => tools::soak(a, g.json_file),
         Cmd::Flow(a) => tools::flow(a, g.json_file),
         Cmd::Top(a) => top::top(a, &g),
+        Cmd::XdpPass { ifaces } => tools::xdp_pass(&ifaces),
         Cmd::Link(l) => verbs::link(l, &g),
         Cmd::Exec { program } => verbs::exec(&program, &g),
         Cmd::Hostile(h) => testing::hostile(h),

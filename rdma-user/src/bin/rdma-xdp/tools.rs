@@ -408,6 +408,18 @@ pub fn pingpong(a: PingpongArgs) -> Result<()> {
     })
 }
 
+/// `rdma-xdp xdp-pass IFACE...`: holds a pass-through XDP program on each
+/// until SIGINT/SIGTERM.
+pub fn xdp_pass(ifaces: &[String]) -> Result<()> {
+    let mut held = Vec::new();
+    for i in ifaces {
+        held.push(rdma_user::io::xdp::XdpPass::attach(i)?);
+    }
+    rdma_user::tools::wait_for_stop_signal();
+    eprintln!("xdp-pass: detached from {}", ifaces.join(", "));
+    Ok(())
+}
+
 pub fn relay(r: RelayArgs, g: &Global) -> Result<()> {
     let json = g.json;
     let cfg = rdma_user::tools::impair::ImpairConfig {

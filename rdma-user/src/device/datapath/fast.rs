@@ -43,10 +43,15 @@ pub struct Fast {
     /// Pool MRs registered: with none, XDP could serve nothing, and no QP
     /// is lent.
     live: Arc<AtomicUsize>,
+    /// The interface: XDP's ACKs leave by `XDP_TX` on it.
+    iface: Arc<str>,
+    /// Why they would be lost, when they would (last checked at a QP's
+    /// connection): then no QP is lent.
+    tx_problem: Arc<Mutex<Option<String>>>,
 }
 
 impl Fast {
-    pub fn new(maps: FastMaps) -> Fast {
+    pub fn new(maps: FastMaps, iface: &str) -> Fast {
         let usable = maps.pool.usable();
         Fast {
             maps: Arc::new(maps),
@@ -55,7 +60,29 @@ impl Fast {
                 rdma_common::mr_pool::PAGE,
             ))),
             live: Arc::new(AtomicUsize::new(0)),
+            iface: iface.into(),
+            tx_problem: Arc::new(Mutex::new(None)),
         }
+    }
+
+    /// Whether XDP's ACKs reach the peer: a veth delivers `XDP_TX` frames
+    /// only to a peer that runs XDP itself. One rtnetlink query, made when
+    /// a QP connects (the peer's program may come and go between QPs);
+    /// the first time it fails, it says why.
+    fn xdp_tx_reaches_peer(&self) -> bool {
+        let why = crate::io::hostnet::xdp_tx_problem(&self.iface);
+        let mut last = self.tx_problem.lock().expect("tx_problem lock");
+        if why.is_some() && *last != why {
+            log::warn!("{}", why.as_deref().unwrap_or_default());
+        }
+        let ok = why.is_none();
+        *last = why;
+        ok
+    }
+
+    /// Why the XDP responder lends no QP on this interface, if it does not.
+    pub fn tx_problem(&self) -> Option<String> {
+        self.tx_problem.lock().expect("tx_problem lock").clone()
     }
 
     fn state(&self, slot: u32) -> *mut RespState {
@@ -284,6 +311,9 @@ impl Core {
         let Some((ack, ack_len, l3, ipv4)) = ack_template(net, &slot.qp) else {
             return;
         };
+        if !fast.xdp_tx_reaches_peer() {
+            return;
+        }
         let i = qpn % RESP_SLOTS;
         let st = fast.state(i);
         // SAFETY: the slot's `qpn` field, 4-byte aligned; claimed by
