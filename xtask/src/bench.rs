@@ -182,7 +182,11 @@ pub(crate) fn bench(quick: bool) -> Result<()> {
     }
     // The same tools with their buffers in the MR pool (RDMA_XDP_POOL=1):
     // the peer's WRITEs go to the XDP responder.
-    for (tool, size, n) in [("write_lat", 2, lat_n), ("write_bw", 65536, "2000")] {
+    for (tool, size, n) in [
+        ("write_lat", 2, lat_n),
+        ("send_lat", 2, lat_n),
+        ("write_bw", 65536, "2000"),
+    ] {
         eprintln!("[lib] ib_{tool} -s {size} -n {n} (data path adaptive, RDMA_XDP_POOL=1)");
         match perftest_over_library(&bin, &ns, &addrs, tool, size, n, "adaptive", true) {
             Ok(v) => records.push(v),
@@ -459,6 +463,35 @@ pub(crate) fn summary(r: &[Value]) -> String {
             xns("xdp"),
             xns("xdp-no-icrc"),
             "-",
+        ),
+    ] {
+        s += &row(name, a, b, goal);
+    }
+    // The library with its regions in the pool, against rdma-xdp bench on
+    // the same path (write_lat: the XDP responder's; send_lat: SENDs are
+    // the engine's either way; write_bw: the XDP responder's, adaptive
+    // target, as perftest's server sleeps).
+    let pooled = |t: &str, b: u64, k: &str| {
+        find_path(r, &format!("lib_{t}_adaptive"), b, "xdp", false).and_then(|v| v[k].as_f64())
+    };
+    for (name, a, b, goal) in [
+        (
+            "unmodified ib_write_lat 2 B over libibverbs (adaptive, RDMA_XDP_POOL=1) / rdma-xdp bench write_lat 2 B (XDP responder)",
+            pooled("write_lat", 2, "t_typical_us"),
+            xtt(2),
+            "<= 1.1",
+        ),
+        (
+            "unmodified ib_send_lat 2 B over libibverbs (adaptive, RDMA_XDP_POOL=1) / rdma-xdp bench send_lat 2 B",
+            pooled("send_lat", 2, "t_typical_us"),
+            tt("send_lat", 2),
+            "<= 1.1",
+        ),
+        (
+            "unmodified ib_write_bw 65536 B over libibverbs (adaptive, RDMA_XDP_POOL=1) / rdma-xdp bench write_bw 65536 B (XDP responder)",
+            pooled("write_bw", 65536, "bw_avg_gbps"),
+            abw("xdp"),
+            ">= 0.9",
         ),
     ] {
         s += &row(name, a, b, goal);

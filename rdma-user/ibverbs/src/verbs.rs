@@ -581,6 +581,9 @@ unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_
         return libc::EINVAL;
     }
     c.shared.arm(solicited_only != 0);
+    // It will block for the event, not poll: its frames are the data
+    // path thread's to move again.
+    c.dp.will_wait_for_events();
     0
 }
 

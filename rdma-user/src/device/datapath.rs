@@ -1186,6 +1186,10 @@ impl Backoff {
     /// or a post wakes it at once, and the next timer deadline bounds the
     /// wait to the nanosecond. `work_waiting` is the last check after the
     /// doorbell knows we sleep.
+    /// `fds` ends with the doorbell's. With `frames_to_program` (a time
+    /// in the future) the wait is for the doorbell and the clock only,
+    /// until then: frames are the program's to move.
+    #[allow(clippy::too_many_arguments)]
     pub fn after_poll_waiting(
         &mut self,
         now: Nanos,
@@ -1193,6 +1197,7 @@ impl Backoff {
         next: Option<Nanos>,
         fds: &mut [libc::pollfd],
         doorbell: &Doorbell,
+        frames_to_program: Option<Nanos>,
         work_waiting: impl FnOnce() -> bool,
     ) {
         if work || !self.adaptive || self.idle < self.spin {
@@ -1204,6 +1209,14 @@ impl Backoff {
         if let Some(t) = next {
             ns = ns.min(t.saturating_sub(now));
         }
+        let fds = match frames_to_program {
+            Some(t) if t > now && !fds.is_empty() => {
+                ns = ns.min(t - now);
+                let last = fds.len() - 1;
+                &mut fds[last..]
+            }
+            _ => fds,
+        };
         doorbell.going_to_sleep(now.saturating_add(ns));
         if !work_waiting() && ns > 0 {
             crate::io::ppoll_ns(fds, ns);

@@ -37,11 +37,20 @@ pub(crate) fn eventfd(flags: i32) -> std::io::Result<i32> {
 /// Wakes the data path thread when it waits for work (adaptive polling):
 /// an eventfd it polls beside its AF_XDP sockets. Posters ring it only
 /// while the thread says it sleeps, so a busy data path costs no syscall.
+/// How long after a program's last inline turn the library's data path
+/// thread leaves frames to it (when XDP holds every responder): longer
+/// than the program spends away spinning on memory for one WRITE, short
+/// enough that a program gone elsewhere is served soon.
+pub const INLINE_HOLD_NS: u64 = 200_000;
+
 pub struct Doorbell {
     fd: i32,
     sleeping: AtomicBool,
     /// When the sleeping thread wakes by itself (data path clock, ns).
     wake_at: AtomicU64,
+    /// When a program thread last ran the data path itself (data path
+    /// clock, ns; 0: not since it said it would wait for an event).
+    inline_at: AtomicU64,
 }
 
 impl Doorbell {
@@ -50,6 +59,7 @@ impl Doorbell {
             fd: eventfd(libc::EFD_NONBLOCK)?,
             sleeping: AtomicBool::new(false),
             wake_at: AtomicU64::new(u64::MAX),
+            inline_at: AtomicU64::new(0),
         })
     }
 
@@ -85,6 +95,28 @@ impl Doorbell {
         self.wake_at.store(wake_at, Ordering::Relaxed);
         self.sleeping.store(true, Ordering::Relaxed);
         fence(Ordering::SeqCst);
+    }
+
+    /// A program thread ran a turn of the data path at `now`.
+    pub fn inline_turn(&self, now: u64) {
+        self.inline_at.store(now.max(1), Ordering::Relaxed);
+    }
+
+    /// The program is about to wait for a completion event instead of
+    /// polling: the thread must take frames again at once.
+    pub fn end_inline(&self) {
+        if self.inline_at.swap(0, Ordering::Relaxed) != 0 {
+            self.ring();
+        }
+    }
+
+    /// Until when a program that polls (its last inline turn less than
+    /// [`INLINE_HOLD_NS`] ago) is taken to move its own frames.
+    pub fn inline_until(&self) -> Option<u64> {
+        match self.inline_at.load(Ordering::Relaxed) {
+            0 => None,
+            t => Some(t + INLINE_HOLD_NS),
+        }
     }
 
     /// The thread is awake again; clears a pending ring.

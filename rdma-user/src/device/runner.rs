@@ -188,11 +188,22 @@ pub fn shared_data_path_loop(
         let Some(mut d) = lock(&dp) else { return };
         let (work, next) = d.poll();
         let now = d.now();
+        // A program that polls its CQ moves its own frames (inline
+        // progress); when XDP answers the peer's WRITEs, the frames left
+        // are the answers to its requests. Waking for them only preempts
+        // it (a cross-CPU wake-up and two context switches, 7-10 us
+        // here), so while it polls this thread waits for its doorbell.
+        let to_program = doorbell
+            .as_ref()
+            .and_then(|b| b.inline_until())
+            .filter(|_| adaptive && d.core.responders_all_lent());
         drop(d);
         match &doorbell {
-            Some(bell) => backoff.after_poll_waiting(now, work, next, &mut fds, bell, || {
-                lock(&dp).is_none_or(|d| d.core.rings_have_work())
-            }),
+            Some(bell) => {
+                backoff.after_poll_waiting(now, work, next, &mut fds, bell, to_program, || {
+                    lock(&dp).is_none_or(|d| d.core.rings_have_work())
+                })
+            }
             None => backoff.after_poll(now, work, next),
         }
     }
@@ -222,7 +233,7 @@ pub fn data_path_loop(
         match &doorbell {
             Some(d) => {
                 let core = &dp.core;
-                backoff.after_poll_waiting(dp.now(), work, next, &mut fds, d, || {
+                backoff.after_poll_waiting(dp.now(), work, next, &mut fds, d, None, || {
                     core.rings_have_work()
                 });
             }

@@ -242,6 +242,7 @@ impl Context {
     pub fn progress(&self) -> bool {
         match self.inner.dp.try_lock() {
             Ok(mut dp) => {
+                self.inner.doorbell.inline_turn(dp.now());
                 if let (_, Some(t)) = dp.poll_flushed() {
                     // A new deadline (a retransmission timer) before the
                     // sleeping thread's wake-up: it must wake for it.
@@ -259,6 +260,12 @@ impl Context {
             dp.core.gsi = gsi;
             Ok::<_, Error>(())
         })
+    }
+
+    /// The program will wait for a completion event rather than poll: the
+    /// data path thread takes frames again from now on.
+    pub fn will_wait_for_events(&self) {
+        self.inner.doorbell.end_inline();
     }
 
     /// Wakes the data path thread if it sleeps (after posting work that

@@ -377,6 +377,19 @@ impl Core {
     /// would meet a state XDP moved on (harmless: the engine takes the QP
     /// back first, and the frame is a duplicate or out of order for it,
     /// but a wasted hand-over).
+    /// Every QP is an RC QP whose responder XDP holds (at least one):
+    /// then nothing the peer sends needs this host's data path but the
+    /// answers to our own requests, which a program that polls its CQ
+    /// moves itself (inline progress). The library's data path thread
+    /// then need not wake for frames while the program is busy.
+    pub fn responders_all_lent(&self) -> bool {
+        !self.qps.is_empty()
+            && self
+                .qps
+                .values()
+                .all(|s| s.qp.qp_type() == QpType::Rc && s.lend.lent)
+    }
+
     pub fn lend_idle(&mut self) {
         if !self.lend_pending {
             return;
