@@ -937,6 +937,60 @@ fn xdp_firewall_drops_dead_qpns_and_spoofed_sources() {
     assert_eq!(q["qps"][0]["stats"]["errors"], 0, "{q}");
 }
 
+/// RDMA_XDP_POOL=1 moves a page-aligned region into the MR pool; a second
+/// MR over the same pages must not move them again (the first MR's pool
+/// range, where XDP places its WRITEs, would no longer be mapped there).
+/// WRITEs through either MR land where the program reads (`rdma-xdp
+/// verbs-demo --pooled-twice`, both veth ends in one namespace).
+#[test]
+fn a_second_mr_over_pooled_pages_keeps_both_mrs_writable() {
+    let _g = serial();
+    let lab = Lab::new(1500);
+    let (ns, dev) = (&lab.ns, &lab.dev);
+    let run = |args: &[&str]| {
+        let st = Command::new("ip").args(args).status().expect("ip");
+        assert!(st.success(), "ip {}", args.join(" "));
+    };
+    run(&["-n", &ns[1], "link", "set", &dev[1], "netns", &ns[0]]);
+    let cidr = format!("{}/24", lab.addr[1]);
+    run(&["-n", &ns[0], "addr", "add", &cidr, "dev", &dev[1]]);
+    run(&["-n", &ns[0], "link", "set", &dev[1], "up"]);
+    let out = lab.exec(
+        0,
+        "env",
+        &[
+            "RDMA_XDP_POOL=1",
+            "timeout",
+            "60",
+            BIN,
+            "verbs-demo",
+            "--a",
+            &dev[0],
+            "--b",
+            &dev[1],
+            "--pooled-twice",
+        ],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "verbs-demo --pooled-twice failed: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for k in 0..3 {
+        assert!(text.contains(&format!("pooled WRITE {k}: ok")), "{text}");
+    }
+    // The first MR's WRITEs (single packets, AckReq) were the XDP
+    // responder's: placed and ACKed there.
+    let acked: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("xdp placed "))
+        .and_then(|l| l.split_whitespace().nth(2))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no XDP counters: {text}"));
+    assert!(acked >= 2, "{text}");
+}
+
 #[test]
 fn verbs_library_end_to_end_and_detach_on_drop() {
     let _g = serial();

@@ -214,6 +214,15 @@ impl Context {
         &self.inner.iface
     }
 
+    /// The XDP responder's packets on this interface so far: placed
+    /// without an answer, and placed and ACKed by XDP (the XDP program's
+    /// counters).
+    pub fn xdp_stats(&self) -> Option<(u64, u64)> {
+        let m = self.inner.attachment.as_ref()?.xdp.stats_map().ok()?;
+        let n = |k: &str| m.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
+        Some((n("xdp_placed"), n("xdp_acked")))
+    }
+
     pub fn mac(&self) -> [u8; 6] {
         self.inner.mac
     }

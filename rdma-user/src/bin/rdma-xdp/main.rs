@@ -219,7 +219,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Exec { program } => verbs::exec(&program, &g),
         Cmd::Hostile(h) => testing::hostile(h),
         Cmd::Inject(i) => testing::inject(&i.dev, &i.frames),
-        Cmd::VerbsDemo(v) => testing::verbs_demo(&v.a, &v.b),
+        Cmd::VerbsDemo(v) => testing::verbs_demo(&v.a, &v.b, v.pooled_twice),
         Cmd::XskRecv(x) => testing::xsk_recv(
             &x.dev,
             x.count,

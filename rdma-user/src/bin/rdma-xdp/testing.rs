@@ -59,6 +59,11 @@ pub struct VerbsDemoArgs {
     pub a: String,
     #[arg(long)]
     pub b: String,
+    /// Instead of the demo: B registers one page-aligned buffer twice
+    /// (with RDMA_XDP_POOL=1 the first MR moves it into the MR pool), and
+    /// A WRITEs through each MR; B must see every byte at its addresses.
+    #[arg(long)]
+    pub pooled_twice: bool,
 }
 
 #[derive(Args)]
@@ -177,7 +182,7 @@ pub fn xsk_recv(
 /// Two verbs contexts in one process, one per interface: WRITE, READ,
 /// SEND/RECV, FETCH_ADD, then a WRITE to a read-only MR. Every result is
 /// checked; any mismatch is an error.
-pub fn verbs_demo(a: &str, b: &str) -> Result<()> {
+pub fn verbs_demo(a: &str, b: &str, pooled_twice: bool) -> Result<()> {
     use rdma_user::device::datapath::{Connect, Path};
     use rdma_user::device::standalone::NO_WC;
     use rdma_user::memory::Access;
@@ -267,6 +272,63 @@ pub fn verbs_demo(a: &str, b: &str) -> Result<()> {
         };
         wait(&cqa, want)
     };
+
+    if pooled_twice {
+        let len = 8192usize;
+        // SAFETY: a fresh private anonymous mapping, unmapped below.
+        let buf = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if buf == libc::MAP_FAILED {
+            bail!("mmap: {}", std::io::Error::last_os_error());
+        }
+        let buf = buf as *mut u8;
+        // SAFETY: the mapping stays until both MRs are deregistered.
+        let m1 = unsafe { pb.reg_mr_raw(buf, len, buf as u64, Access::ALL)? };
+        // SAFETY: the same mapping's first page, as long.
+        let m2 = unsafe { pb.reg_mr_raw(buf, 4096, buf as u64, Access::ALL)? };
+        for (k, (rkey, off)) in [(m1.rkey, 5000usize), (m2.rkey, 100), (m1.rkey, 300)]
+            .into_iter()
+            .enumerate()
+        {
+            let data: Vec<u8> = (0..700u32)
+                .map(|i| (i * 3 + k as u32 * 50 + 1) as u8)
+                .collect();
+            ma.write(0, &data)?;
+            let w = one_sided(
+                10 + k as u64,
+                WrOpcode::RdmaWrite,
+                ma.sge(0, 700),
+                buf as u64 + off as u64,
+                rkey,
+                0,
+            )?;
+            // SAFETY: inside the mapping; the WRITE completed.
+            let seen = unsafe { std::slice::from_raw_parts(buf.add(off), 700) };
+            if w.status != WcStatus::Success || seen != &data[..] {
+                bail!(
+                    "pooled WRITE {k} through rkey 0x{rkey:x}: {:?}, or the bytes differ",
+                    w.status
+                );
+            }
+            println!("pooled WRITE {k}: ok");
+        }
+        m2.dereg()?;
+        m1.dereg()?;
+        // SAFETY: our mapping; no MR covers it any more.
+        unsafe { libc::munmap(buf.cast(), len) };
+        if let Some(st) = cb.xdp_stats() {
+            println!("xdp placed {} acked {}", st.0, st.1);
+        }
+        return Ok(());
+    }
 
     // WRITE: 3000 bytes (3 packets) from A into B.
     let data: Vec<u8> = (0..3000u32).map(|i| (i * 7 + 3) as u8).collect();

@@ -185,6 +185,17 @@ impl Core {
             return None;
         }
         let span = len.div_ceil(page) * page;
+        // Pages another MR already moved into the pool stay where they
+        // are: moving them again would leave that MR's pool range (where
+        // XDP places its WRITEs) no longer mapped at its addresses.
+        let (start, end) = (ptr as usize, ptr as usize + span);
+        if self
+            .overlays
+            .values()
+            .any(|&(p, n)| p < end && start < p + n)
+        {
+            return None;
+        }
         let off = fast.pages.lock().expect("pool lock").alloc(span).ok()?;
         let dst = fast.maps.pool.as_ptr().wrapping_add(off);
         // SAFETY: the caller's pages (readable) into a pool range the
