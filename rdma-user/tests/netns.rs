@@ -980,6 +980,10 @@ fn a_second_mr_over_pooled_pages_keeps_both_mrs_writable() {
     for k in 0..3 {
         assert!(text.contains(&format!("pooled WRITE {k}: ok")), "{text}");
     }
+    assert!(
+        text.contains("fork: the child has its own copy: ok"),
+        "{text}"
+    );
     // The first MR's WRITEs (single packets, AckReq) were the XDP
     // responder's: placed and ACKed there.
     let acked: u64 = text

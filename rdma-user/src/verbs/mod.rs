@@ -342,10 +342,11 @@ impl Pd {
         access: Access,
     ) -> Result<Mr> {
         let pdn = self.pdn;
-        // RDMA_XDP_POOL=1: page-aligned regions move into the MR pool
-        // (same addresses and bytes), where the XDP responder serves the
-        // peer's WRITEs; others stay where they are.
-        let pool = std::env::var_os("RDMA_XDP_POOL").is_some_and(|v| v == "1");
+        // Page-aligned regions of private anonymous memory move into the
+        // MR pool (same addresses and bytes), where the XDP responder
+        // serves the peer's WRITEs; others stay where they are.
+        // RDMA_XDP_POOL=0 keeps every region in place.
+        let pool = std::env::var_os("RDMA_XDP_POOL").is_none_or(|v| v != "0");
         let ptr_addr = ptr as usize;
         let (lkey, rkey) = self.ctx.call(move |dp| {
             let ptr = ptr_addr as *mut u8;

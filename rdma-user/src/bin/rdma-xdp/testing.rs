@@ -320,6 +320,37 @@ pub fn verbs_demo(a: &str, b: &str, pooled_twice: bool) -> Result<()> {
             }
             println!("pooled WRITE {k}: ok");
         }
+        // fork: the child gets its own copy of the pooled pages, as with
+        // an ordinary fork (not the pool range shared with us).
+        // SAFETY: inside the mapping.
+        let before = unsafe { std::slice::from_raw_parts(buf, len) }.to_vec();
+        // SAFETY: fork; the child only compares, writes its own memory
+        // and calls _exit.
+        match unsafe { libc::fork() } {
+            -1 => bail!("fork: {}", std::io::Error::last_os_error()),
+            0 => {
+                // SAFETY: the child's copy of the mapping.
+                let mine = unsafe { std::slice::from_raw_parts_mut(buf, len) };
+                let same = mine == &before[..];
+                mine.fill(0xee);
+                // SAFETY: leaving the child without running the parent's
+                // destructors.
+                unsafe { libc::_exit(if same { 0 } else { 3 }) }
+            }
+            pid => {
+                let mut st = 0;
+                // SAFETY: waiting for our child.
+                unsafe { libc::waitpid(pid, &mut st, 0) };
+                // SAFETY: inside the mapping.
+                let after = unsafe { std::slice::from_raw_parts(buf, len) };
+                if !libc::WIFEXITED(st) || libc::WEXITSTATUS(st) != 0 || after != &before[..] {
+                    bail!(
+                        "fork: the child saw other bytes (status {st}), or its writes reached us"
+                    );
+                }
+                println!("fork: the child has its own copy: ok");
+            }
+        }
         m2.dereg()?;
         m1.dereg()?;
         // SAFETY: our mapping; no MR covers it any more.

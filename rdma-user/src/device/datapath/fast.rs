@@ -196,6 +196,12 @@ impl Core {
         {
             return None;
         }
+        // Only the program's own private, writable, anonymous pages: file
+        // and shared mappings are seen by others (a pool range would cut
+        // them off), and read-only pages would become writable.
+        if !private_anon_rw(start, end) {
+            return None;
+        }
         let off = fast.pages.lock().expect("pool lock").alloc(span).ok()?;
         let dst = fast.maps.pool.as_ptr().wrapping_add(off);
         // SAFETY: the caller's pages (readable) into a pool range the
@@ -223,6 +229,7 @@ impl Core {
         };
         self.publish_pool_mr(&fast, keys, pd, access, (iova, len), off);
         self.overlays.insert(keys.0, (ptr as usize, span));
+        fork_copies::add(ptr as usize, dst as usize, span);
         Some(Ok(keys))
     }
 
@@ -291,6 +298,7 @@ impl Core {
         }
         fast.live.fetch_sub(1, Ordering::Relaxed);
         if let Some((at, span)) = self.overlays.remove(&lkey) {
+            fork_copies::remove(at);
             // SAFETY: our overlay (reg_mr_overlay), no longer placed into.
             unsafe {
                 unmap_overlay(
@@ -579,5 +587,107 @@ unsafe fn unmap_overlay(at: *mut u8, src: *const u8, span: usize) {
             "could not restore the pages under a pool MR at {at:p}: {}",
             std::io::Error::last_os_error()
         );
+    }
+}
+
+/// Whether every page of `start..end` is private, writable, anonymous
+/// memory of this process (heap, `mmap(MAP_PRIVATE|MAP_ANONYMOUS)`,
+/// `memalign`): what `/proc/self/maps` says, read at registration.
+fn private_anon_rw(start: usize, end: usize) -> bool {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return false;
+    };
+    let mut at = start;
+    for l in maps.lines() {
+        let mut f = l.split_whitespace();
+        let (Some(range), Some(perms), Some(_), Some(_), Some(inode)) =
+            (f.next(), f.next(), f.next(), f.next(), f.next())
+        else {
+            continue;
+        };
+        let path = f.next().unwrap_or("");
+        let Some((a, b)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else {
+            continue;
+        };
+        if b <= at || a > at {
+            continue;
+        }
+        let ok = perms.starts_with("rw") && perms.ends_with('p') && inode == "0";
+        if !ok || !(path.is_empty() || path == "[heap]") {
+            return false;
+        }
+        at = b;
+        if at >= end {
+            return true;
+        }
+    }
+    false
+}
+
+/// The pool overlays of this process, for a child made by `fork`: it
+/// would share them with the parent (they are `MAP_SHARED`), so a handler
+/// run in the child gives it private copies instead, as an ordinary
+/// `fork` would (copy-on-write). Lock-free: the handler runs in the child
+/// of a multi-threaded parent, where a lock may be held by a thread that
+/// no longer exists.
+mod fork_copies {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Once;
+
+    const SLOTS: usize = 1024;
+    /// (address, pool address, length); address 0: free.
+    static AT: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
+    static SRC: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
+    static LEN: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
+    static HANDLER: Once = Once::new();
+
+    pub(super) fn add(at: usize, src: usize, len: usize) {
+        HANDLER.call_once(|| {
+            // SAFETY: registering a child handler that only maps and
+            // copies (async-signal-safe work).
+            unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
+        });
+        for i in 0..SLOTS {
+            if AT[i].load(Ordering::Acquire) == 0 {
+                SRC[i].store(src, Ordering::Relaxed);
+                LEN[i].store(len, Ordering::Relaxed);
+                if AT[i]
+                    .compare_exchange(0, at, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    return;
+                }
+            }
+        }
+        log::warn!("more than {SLOTS} pool overlays: a forked child shares the newest with us");
+    }
+
+    pub(super) fn remove(at: usize) {
+        for a in &AT {
+            if a.compare_exchange(at, 0, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                return;
+            }
+        }
+    }
+
+    extern "C" fn in_child() {
+        for i in 0..SLOTS {
+            let at = AT[i].load(Ordering::Acquire);
+            if at != 0 {
+                let (src, len) = (
+                    SRC[i].load(Ordering::Relaxed),
+                    LEN[i].load(Ordering::Relaxed),
+                );
+                // SAFETY: an overlay of the parent's, inherited; its pool
+                // range is inherited too. The child gets anonymous pages
+                // with the same bytes at the same addresses.
+                unsafe { super::unmap_overlay(at as *mut u8, src as *const u8, len) };
+            }
+        }
     }
 }
