@@ -937,7 +937,7 @@ fn xdp_firewall_drops_dead_qpns_and_spoofed_sources() {
     assert_eq!(q["qps"][0]["stats"]["errors"], 0, "{q}");
 }
 
-/// RDMA_XDP_POOL=1 moves a page-aligned region into the MR pool; a second
+/// The library moves a page-aligned region into the MR pool; a second
 /// MR over the same pages must not move them again (the first MR's pool
 /// range, where XDP places its WRITEs, would no longer be mapped there).
 /// WRITEs through either MR land where the program reads (`rdma-xdp
@@ -946,15 +946,8 @@ fn xdp_firewall_drops_dead_qpns_and_spoofed_sources() {
 fn a_second_mr_over_pooled_pages_keeps_both_mrs_writable() {
     let _g = serial();
     let lab = Lab::new(1500);
-    let (ns, dev) = (&lab.ns, &lab.dev);
-    let run = |args: &[&str]| {
-        let st = Command::new("ip").args(args).status().expect("ip");
-        assert!(st.success(), "ip {}", args.join(" "));
-    };
-    run(&["-n", &ns[1], "link", "set", &dev[1], "netns", &ns[0]]);
-    let cidr = format!("{}/24", lab.addr[1]);
-    run(&["-n", &ns[0], "addr", "add", &cidr, "dev", &dev[1]]);
-    run(&["-n", &ns[0], "link", "set", &dev[1], "up"]);
+    lab.both_ends_in_a();
+    let dev = &lab.dev;
     let out = lab.exec(
         0,
         "env",
@@ -1001,22 +994,8 @@ fn verbs_library_end_to_end_and_detach_on_drop() {
     let lab = Lab::new(1500);
     // Both ends of the veth pair in one namespace: one process, two
     // verbs contexts (each with its data path thread), one per end.
+    lab.both_ends_in_a();
     let (ns, dev) = (&lab.ns, &lab.dev);
-    let run = |args: &[&str]| {
-        let st = Command::new("ip").args(args).status().expect("ip");
-        assert!(st.success(), "ip {}", args.join(" "));
-    };
-    run(&["-n", &ns[1], "link", "set", &dev[1], "netns", &ns[0]]);
-    run(&[
-        "-n",
-        &ns[0],
-        "addr",
-        "add",
-        &format!("{}/24", lab.addr[1]),
-        "dev",
-        &dev[1],
-    ]);
-    run(&["-n", &ns[0], "link", "set", &dev[1], "up"]);
     let out = lab.exec(
         0,
         "timeout",

@@ -306,7 +306,7 @@ impl VethPeer {
         Some(format!(
             "{iface} is a veth whose peer (ifindex {ifindex} {ns}) runs no XDP program, so \
              the ACKs the XDP responder sends with XDP_TX would be lost; WRITEs take the \
-             user path. Give the peer one: `rdma-xdp xdp-pass --iface PEER` in its namespace"
+             user path. Give the peer one: `rdma-xdp xdp-pass PEER` in its namespace"
         ))
     }
 }
@@ -315,16 +315,7 @@ impl VethPeer {
 /// RTM_GETLINK requests (ours, then the peer's, in its namespace through
 /// IFLA_TARGET_NETNSID).
 pub fn veth_peer(iface: &str) -> Result<VethPeer> {
-    let name = std::ffi::CString::new(iface).context("interface name")?;
-    // SAFETY: a NUL-terminated name.
-    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
-    if index == 0 {
-        bail!("interface {iface} not found");
-    }
-    let fd = nl_socket()
-        .ok_or_else(|| anyhow!("rtnetlink socket: {}", std::io::Error::last_os_error()))?;
-    let me =
-        get_link(fd.as_raw_fd(), index, None).with_context(|| format!("RTM_GETLINK {iface}"))?;
+    let (fd, me) = own_link(iface)?;
     if me.kind.as_deref() != Some("veth") {
         return Ok(VethPeer::NotVeth);
     }
@@ -360,6 +351,12 @@ pub fn xdp_tx_problem(iface: &str) -> Option<String> {
 /// pass-through program ([`crate::io::xdp::XdpPass`]) lets `XDP_TX`
 /// frames from its peer in.
 pub fn is_veth_without_xdp(iface: &str) -> Result<bool> {
+    let (_, me) = own_link(iface)?;
+    Ok(me.kind.as_deref() == Some("veth") && !me.xdp_attached)
+}
+
+/// `iface`'s own link facts, and the rtnetlink socket that read them.
+fn own_link(iface: &str) -> Result<(OwnedFd, LinkFacts)> {
     let name = std::ffi::CString::new(iface).context("interface name")?;
     // SAFETY: a NUL-terminated name.
     let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
@@ -370,7 +367,7 @@ pub fn is_veth_without_xdp(iface: &str) -> Result<bool> {
         .ok_or_else(|| anyhow!("rtnetlink socket: {}", std::io::Error::last_os_error()))?;
     let me =
         get_link(fd.as_raw_fd(), index, None).with_context(|| format!("RTM_GETLINK {iface}"))?;
-    Ok(me.kind.as_deref() == Some("veth") && !me.xdp_attached)
+    Ok((fd, me))
 }
 
 /// The attributes of an RTM_NEWLINK answer we use.

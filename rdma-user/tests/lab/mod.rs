@@ -150,6 +150,20 @@ impl Lab {
         })
     }
 
+    /// Moves B's end of the veth pair into A's namespace, addressed and
+    /// up: one process can then open both ends.
+    pub fn both_ends_in_a(&self) {
+        let run = |args: &[&str]| {
+            let st = Command::new("ip").args(args).status().expect("ip");
+            assert!(st.success(), "ip {}", args.join(" "));
+        };
+        let (ns, dev) = (&self.ns, &self.dev);
+        run(&["-n", &ns[1], "link", "set", &dev[1], "netns", &ns[0]]);
+        let cidr = format!("{}/24", self.addr[1]);
+        run(&["-n", &ns[0], "addr", "add", &cidr, "dev", &dev[1]]);
+        run(&["-n", &ns[0], "link", "set", &dev[1], "up"]);
+    }
+
     pub fn exec(&self, i: usize, prog: &str, args: &[&str]) -> Output {
         Command::new("ip")
             .args(["netns", "exec", &self.ns[i], prog])
