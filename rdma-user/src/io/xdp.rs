@@ -45,12 +45,7 @@ impl XdpProgram {
                 None
             }
         };
-        let prog: &mut Xdp = ebpf
-            .program_mut("rdma_xdp")
-            .ok_or_else(|| anyhow!("program rdma_xdp missing from the object"))?
-            .try_into()?;
-        prog.load()
-            .context("the kernel verifier rejected the XDP program")?;
+        let prog = loaded_xdp(&mut ebpf, "rdma_xdp")?;
         let verified_insns = prog
             .info()
             .ok()
@@ -212,6 +207,18 @@ impl XdpProgram {
     }
 }
 
+/// The XDP program `name` of an embedded object, loaded into the kernel
+/// (verified), ready to attach.
+fn loaded_xdp<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut Xdp> {
+    let prog: &mut Xdp = ebpf
+        .program_mut(name)
+        .ok_or_else(|| anyhow!("program {name} missing from the object"))?
+        .try_into()?;
+    prog.load()
+        .with_context(|| format!("the kernel verifier rejected the XDP program {name}"))?;
+    Ok(prog)
+}
+
 /// The pass-through program (`rdma-ebpf/src/pass.rs`), embedded at build
 /// time.
 static PASS_PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xdp-pass"));
@@ -229,12 +236,7 @@ impl XdpPass {
     pub fn attach(iface: &str) -> Result<XdpPass> {
         let mut ebpf = Ebpf::load(PASS_PROGRAM)
             .context("load the pass-through XDP program (needs root, BPF)")?;
-        let prog: &mut Xdp = ebpf
-            .program_mut("xdp_pass")
-            .ok_or_else(|| anyhow!("program xdp_pass missing from the object"))?
-            .try_into()?;
-        prog.load()
-            .context("the kernel verifier rejected the pass-through XDP program")?;
+        let prog = loaded_xdp(&mut ebpf, "xdp_pass")?;
         prog.attach(iface, AyaMode::Driver).with_context(|| {
             format!("attach the pass-through XDP program (native) to {iface}; is another XDP program on it?")
         })?;

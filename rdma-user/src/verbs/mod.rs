@@ -150,8 +150,8 @@ impl Drop for Inner {
                 eprintln!("rdma-xdp stats {}: {}", self.iface, dp.stats_json());
             }
             if let Some(Ok(m)) = self.attachment.as_ref().map(|a| a.xdp.stats_map()) {
-                let n = |k: &str| m.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
-                let (acked, placed) = (n("xdp_acked"), n("xdp_placed") + n("xdp_acked"));
+                let (placed_only, acked) = placed_and_acked(&m);
+                let placed = placed_only + acked;
                 eprintln!(
                     "rdma-xdp xdp {}: {}",
                     self.iface,
@@ -166,6 +166,13 @@ impl Drop for Inner {
         }
         drop(self.attachment.take());
     }
+}
+
+/// The XDP responder's packets in the XDP program's counters: placed
+/// without an answer, and placed and ACKed by XDP.
+fn placed_and_acked(m: &serde_json::Map<String, serde_json::Value>) -> (u64, u64) {
+    let n = |k: &str| m.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
+    (n("xdp_placed"), n("xdp_acked"))
 }
 
 const _: () = {
@@ -219,8 +226,7 @@ impl Context {
     /// counters).
     pub fn xdp_stats(&self) -> Option<(u64, u64)> {
         let m = self.inner.attachment.as_ref()?.xdp.stats_map().ok()?;
-        let n = |k: &str| m.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
-        Some((n("xdp_placed"), n("xdp_acked")))
+        Some(placed_and_acked(&m))
     }
 
     pub fn mac(&self) -> [u8; 6] {

@@ -46,7 +46,7 @@ pub struct Fast {
     /// The interface: XDP's ACKs leave by `XDP_TX` on it.
     iface: Arc<str>,
     /// Why they would be lost, when they would (last checked at a QP's
-    /// connection): then no QP is lent.
+    /// connection; then no QP is lent), so that it is said once.
     tx_problem: Arc<Mutex<Option<String>>>,
 }
 
@@ -78,11 +78,6 @@ impl Fast {
         let ok = why.is_none();
         *last = why;
         ok
-    }
-
-    /// Why the XDP responder lends no QP on this interface, if it does not.
-    pub fn tx_problem(&self) -> Option<String> {
-        self.tx_problem.lock().expect("tx_problem lock").clone()
     }
 
     fn state(&self, slot: u32) -> *mut RespState {
@@ -185,21 +180,14 @@ impl Core {
             return None;
         }
         let span = len.div_ceil(page) * page;
-        // Pages another MR already moved into the pool stay where they
-        // are: moving them again would leave that MR's pool range (where
-        // XDP places its WRITEs) no longer mapped at its addresses.
-        let (start, end) = (ptr as usize, ptr as usize + span);
-        if self
-            .overlays
-            .values()
-            .any(|&(p, n)| p < end && start < p + n)
-        {
-            return None;
-        }
         // Only the program's own private, writable, anonymous pages: file
         // and shared mappings are seen by others (a pool range would cut
-        // them off), and read-only pages would become writable.
-        if !private_anon_rw(start, end) {
+        // them off), and read-only pages would become writable. That
+        // also leaves pages another MR already moved where they are (they
+        // are a shared mapping of the pool): moving them again would leave
+        // that MR's pool range, where XDP places its WRITEs, no longer
+        // mapped at its addresses.
+        if !private_anon_rw(ptr as usize, ptr as usize + span) {
             return None;
         }
         let off = fast.pages.lock().expect("pool lock").alloc(span).ok()?;
