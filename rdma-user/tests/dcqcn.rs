@@ -255,3 +255,41 @@ fn round_trip_times_are_sampled_and_never_across_a_resend() {
     );
     assert_eq!(QpStats::default().rtt_quantile_us(0.5), None);
 }
+
+#[test]
+fn a_window_limited_sender_is_first_cut_from_the_rate_it_sent() {
+    let (mut a, mut b) = pair(true);
+    // A window of four 64 KiB WRITEs leaves at once (64 frames each at
+    // MTU 1024), then waits behind a queue.
+    for id in 1..=4 {
+        write(&mut a, &b, id, 65536);
+    }
+    let f = frames(&mut a, 1_000);
+    assert_eq!(f.len(), 256);
+    // As the engine counts them (its own headers, as the wire sees them).
+    let window_bytes = a.core.qp(a.qp).unwrap().stats().tx_bytes;
+    // The first WRITE reaches B; its ACK is back 5 ms later, and the
+    // freed slot sends a fifth WRITE while three are still in flight.
+    for x in &f[..64] {
+        b.core.handle_frame(1_000, x);
+    }
+    for x in frames(&mut b, 1_000) {
+        a.core.handle_frame(5_001_000, &x);
+    }
+    write(&mut a, &b, 5, 65536);
+    assert_eq!(frames(&mut a, 5_001_000).len(), 64);
+    // A CNP: the first cut starts from the window per 5 ms the QP sent
+    // (~450 Mbit/s), not from the 10 Gbit/s line rate it never reached
+    // (the paper's cut, to 5 Gbit/s, would not slow it down at all).
+    a.core
+        .handle_frame(5_100_000, &cnp_frame(opcode::CNP, 2, 1, a.qp));
+    let cc = *a.core.qp(a.qp).unwrap().cc();
+    let sent = window_bytes as f64 * 8000.0 / 5_000_000.0;
+    assert!(
+        (cc.rt - sent).abs() < 0.01 * sent,
+        "rt {} sent {sent}",
+        cc.rt
+    );
+    assert!((cc.rc - cc.rt / 2.0).abs() < 1e-6, "rc {}", cc.rc);
+    assert_eq!(a.core.qp(a.qp).unwrap().stats().rp_cnp_handled, 1);
+}

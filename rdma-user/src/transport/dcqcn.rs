@@ -202,6 +202,12 @@ const PACING_SLACK: Nanos = 200_000;
 /// The window over which the rate a QP actually sent is measured.
 const RATE_WINDOW: Nanos = 1_000_000;
 
+/// Before a QP's first cut, a window stretched by waiting for ACKs still
+/// counts up to this long: a window-limited flow behind a congested queue sends one
+/// burst per round trip, tens of milliseconds apart, and its rate is what
+/// those bursts add up to, gaps included.
+const RATE_WINDOW_AWAITING: Nanos = 100_000_000;
+
 impl Dcqcn {
     pub fn new(p: CcParams) -> Dcqcn {
         Dcqcn {
@@ -250,7 +256,7 @@ impl Dcqcn {
         // CPU or of work) cuts from the rate it sent at: cutting an unused
         // allowance would not slow it down. A NIC always sends at RC, so
         // there this is the paper's cut.
-        if let Some(r) = self.sent_rate.filter(|&r| r < self.rc) {
+        if let Some(r) = self.measured_rate(now).filter(|&r| r < self.rc) {
             self.rc = r.max(self.p.rp_min_rate);
         }
         self.rt = self.rc;
@@ -263,6 +269,21 @@ impl Dcqcn {
         self.next_timer = now + self.p.rp_time_reset * US;
         self.next_alpha = now + self.p.rp_dce_tcp_rtt * US;
         true
+    }
+
+    /// The rate this QP sent at, for a cut at `now`: the last full window's,
+    /// or, before the QP's first cut, the open window's once that is a
+    /// window long. A first CNP usually comes before the first window
+    /// closes: the QP sent its whole window at once and awaits the ACKs
+    /// behind the queue the CNP speaks of. The CNP says packets are in
+    /// flight, so the open window's gap is that wait, not an idle
+    /// application.
+    fn measured_rate(&self, now: Nanos) -> Option<f64> {
+        let open = now.saturating_sub(self.win_start);
+        if self.last_cut.is_none() && (RATE_WINDOW..RATE_WINDOW_AWAITING).contains(&open) {
+            return Some(self.win_bytes as f64 * 8000.0 / open as f64);
+        }
+        self.sent_rate
     }
 
     /// Runs the alpha and rate-increase timers up to `now`.
@@ -333,14 +354,36 @@ impl Dcqcn {
         (self.limiting() && self.next_tx > self.now).then_some(self.next_tx)
     }
 
-    /// A packet of `len` bytes left at `now`.
-    pub fn sent(&mut self, now: Nanos, len: usize) {
+    /// Whether the next [`Dcqcn::sent`] ends a rate window (and so wants to
+    /// know whether the QP was awaiting ACKs: only then is the question
+    /// worth its cost).
+    pub fn rate_window_ends(&self, now: Nanos) -> bool {
+        now.saturating_sub(self.win_start) >= RATE_WINDOW
+    }
+
+    /// A packet of `len` bytes left at `now`. `awaiting_acks`: the QP had
+    /// requests in flight before it (asked only when
+    /// [`Dcqcn::rate_window_ends`]).
+    pub fn sent(&mut self, now: Nanos, len: usize, awaiting_acks: bool) {
         let elapsed = now.saturating_sub(self.win_start);
         if elapsed >= RATE_WINDOW {
-            // A window with a long gap after it says little about the
-            // rate now: only a window that just ended counts.
-            self.sent_rate = (elapsed < 2 * RATE_WINDOW)
-                .then(|| self.win_bytes as f64 * 8000.0 / elapsed as f64);
+            // A gap the application left (nothing in flight) says little
+            // about the rate now: only a window that just ended counts.
+            // Before its first cut, a QP awaiting ACKs is limited by its
+            // window: it sends a burst per round trip, its rate is what
+            // those bursts add up to, and cutting its nominal line rate
+            // instead takes several CNPs, each halving a rate it never
+            // used, before pacing bites: long enough for an incast to
+            // overflow the queue. Later cuts start from an RC the QP was
+            // paced at, as the paper's do (a gap there may be a thread
+            // short of CPU, not a window).
+            let limit = if awaiting_acks && self.last_cut.is_none() {
+                RATE_WINDOW_AWAITING
+            } else {
+                2 * RATE_WINDOW
+            };
+            self.sent_rate =
+                (elapsed < limit).then(|| self.win_bytes as f64 * 8000.0 / elapsed as f64);
             self.win_start = now;
             self.win_bytes = 0;
         }
@@ -400,7 +443,7 @@ mod tests {
         // rate: the first cut starts from the measured rate.
         let mut t = 0;
         while t < 3 * RATE_WINDOW {
-            d.sent(t, 1024);
+            d.sent(t, 1024, false);
             t += 20 * US;
         }
         let sent = 1024.0 * 8000.0 / (20.0 * US as f64);
@@ -414,11 +457,85 @@ mod tests {
         });
         let mut t = 0;
         while t < 3 * RATE_WINDOW {
-            d.sent(t, 1250);
+            d.sent(t, 1250, false);
             t += 100 * US;
         }
         assert!(d.on_cnp(t));
         assert!(close(d.rt, 100.0) && close(d.rc, 50.0), "{} {}", d.rt, d.rc);
+    }
+
+    #[test]
+    fn a_first_cut_starts_from_what_a_window_limited_sender_sent() {
+        // 64 KiB in 16 packets at once, then 5 ms awaiting ACKs (a window
+        // behind a queue): ~105 Mbit/s, though each burst leaves at line
+        // rate and every window ends in a gap.
+        let burst = |d: &mut Dcqcn, t: Nanos, awaiting: bool| {
+            for k in 0..16 {
+                let now = t + k * 400;
+                let ends = d.rate_window_ends(now);
+                d.sent(now, 4096, awaiting && ends);
+            }
+        };
+        let mut d = Dcqcn::new(CcParams::default());
+        let mut t = 0;
+        while t < 50 * RATE_WINDOW {
+            burst(&mut d, t, true);
+            t += 5 * RATE_WINDOW;
+        }
+        // The CNP comes 0.5 ms after the last burst: the open window is
+        // too young, the last closed one counts.
+        let cnp_at = t - 5 * RATE_WINDOW + RATE_WINDOW / 2;
+        let rate = 65536.0 * 8000.0 / (5.0 * RATE_WINDOW as f64);
+        assert!(d.on_cnp(cnp_at));
+        assert!((d.rt - rate).abs() < 1.0, "rt {} rate {rate}", d.rt);
+        assert!(close(d.rc, d.rt / 2.0));
+        // The first CNP usually comes before the first window closes (the
+        // whole window left at once; the ACKs wait behind the queue): the
+        // open window is the measure.
+        let mut d = Dcqcn::new(CcParams {
+            // Slow increase: the QP stays paced below.
+            rp_time_reset: 1 << 30,
+            rp_byte_reset: 1 << 40,
+            ..CcParams::default()
+        });
+        burst(&mut d, 0, false);
+        assert!(d.on_cnp(4 * RATE_WINDOW));
+        assert!((d.rt - 65536.0 * 8000.0 / (4.0 * RATE_WINDOW as f64)).abs() < 1.0);
+        // After the first cut a window stretched by a gap does not count
+        // (the gap may be a thread short of CPU): cuts are from RC.
+        let rc = d.rc;
+        burst(&mut d, 20 * RATE_WINDOW, true);
+        assert!(d.on_cnp(30 * RATE_WINDOW));
+        assert!(d.limiting() && close(d.rt, rc), "rt {} rc {rc}", d.rt);
+        // Back at line rate after a cut (a second without CNPs), the next
+        // cut is the paper's again.
+        let mut d = Dcqcn::new(CcParams::default());
+        burst(&mut d, 0, false);
+        assert!(d.on_cnp(4 * RATE_WINDOW));
+        assert!(d.rc < 100.0);
+        d.advance(1_000 * RATE_WINDOW);
+        assert!(!d.limiting());
+        burst(&mut d, 1_000 * RATE_WINDOW, true);
+        let a = d.alpha;
+        assert!(d.on_cnp(1_004 * RATE_WINDOW));
+        assert!(close(d.rt, 10_000.0) && close(d.rc, 10_000.0 * (1.0 - a / 2.0)));
+        // The same bursts with the QP idle in between (the application's
+        // gap): the paper's cut from RC.
+        let mut d = Dcqcn::new(CcParams::default());
+        let mut t = 0;
+        while t < 50 * RATE_WINDOW {
+            burst(&mut d, t, false);
+            t += 5 * RATE_WINDOW;
+        }
+        assert!(d.on_cnp(t - 5 * RATE_WINDOW + RATE_WINDOW / 2));
+        assert!(close(d.rt, 10_000.0) && close(d.rc, 5_000.0), "{}", d.rc);
+        // Awaiting ACKs for longer than RATE_WINDOW_AWAITING (a peer gone
+        // quiet): no measurement, the cut is the paper's.
+        let mut d = Dcqcn::new(CcParams::default());
+        burst(&mut d, 0, true);
+        burst(&mut d, RATE_WINDOW_AWAITING + RATE_WINDOW, true);
+        assert!(d.on_cnp(RATE_WINDOW_AWAITING + RATE_WINDOW + RATE_WINDOW / 2));
+        assert!(close(d.rc, 5_000.0), "{}", d.rc);
     }
 
     #[test]
@@ -459,7 +576,7 @@ mod tests {
         d.rt = 1_000.0;
         d.rc = 500.0;
         for _ in 0..6 {
-            d.sent(0, p.rp_byte_reset as usize);
+            d.sent(0, p.rp_byte_reset as usize, false);
         }
         // BC = 6 > F, T = 0: additive on the sixth event.
         assert_eq!((d.t_events, d.bc_events), (0, 6));
@@ -491,14 +608,14 @@ mod tests {
     fn pacing_spaces_packets_at_the_current_rate() {
         let mut d = Dcqcn::new(CcParams::default());
         assert_eq!(d.blocked_until(0), None);
-        d.sent(0, 1000);
+        d.sent(0, 1000, false);
         assert_eq!(d.blocked_until(0), None, "line rate: no pacing");
         d.on_cnp(0);
         // 5 Gbit/s: 1000 bytes every 1.6 µs.
-        d.sent(10, 1000);
+        d.sent(10, 1000, false);
         assert_eq!(d.blocked_until(10), Some(1600));
         assert_eq!(d.deadline(), Some(1600));
-        d.sent(1600, 1000);
+        d.sent(1600, 1000, false);
         assert_eq!(d.blocked_until(1700), Some(3200));
         // Woken late, a sender catches up on at most PACING_SLACK of its
         // rate: 125 packets in a burst, then the schedule holds it again
@@ -512,7 +629,7 @@ mod tests {
         let late = 10 * PACING_SLACK;
         let mut burst = 0;
         while d.blocked_until(late).is_none() && burst < 1000 {
-            d.sent(late, 1000);
+            d.sent(late, 1000, false);
             burst += 1;
         }
         assert_eq!(burst, PACING_SLACK / 1600 + 1);

@@ -913,6 +913,11 @@ impl QpEngine {
         if self.cc.blocked_until(now).is_some() {
             return None;
         }
+        // Whether the QP was awaiting ACKs before this packet, asked once
+        // per DCQCN rate window (it walks the send queue).
+        let awaiting_acks = self.qp_type != QpType::Ud
+            && self.cc.rate_window_ends(now)
+            && self.oldest_unacked_psn() != self.req.next_psn;
         let (len, ah) = if self.qp_type == QpType::Ud {
             let (len, ah) = self.poll_datagram(mem, buf)?;
             (len, Some(ah))
@@ -923,7 +928,7 @@ impl QpEngine {
             };
             (len, None)
         };
-        self.cc.sent(now, len);
+        self.cc.sent(now, len, awaiting_acks);
         self.stats.tx_packets += 1;
         self.stats.tx_bytes += len as u64;
         Some(Transmit {
