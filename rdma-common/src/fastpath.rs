@@ -1,11 +1,13 @@
 //! The XDP responder's fast path (issue 20): in-order RDMA WRITEs into
-//! MRs of the MR pool, placed and ACKed by the XDP program itself.
+//! MRs of the MR pool, placed and ACKed by the XDP program itself, and
+//! in-order atomics (FETCH_ADD, CMP_SWAP) on them, done with BPF atomics
+//! and answered with the atomic ACK.
 //!
 //! Everything here is shared by the XDP program and user space, so that
 //! the decision the program takes is the one the tests check against the
-//! engine (`rdma-user/src/transport/responder.rs`): [`fast_write`] runs the
-//! responder's checks for the one case the program serves, in the
-//! engine's order, and can only say "place" or "punt, for this reason".
+//! engine (`rdma-user/src/transport/responder.rs`): [`fast_write`] and
+//! [`fast_atomic`] run the responder's checks for the cases the program
+//! serves, in the engine's order, and can only say "place" or "punt, for this reason".
 //! It never NAKs: every case the engine would answer otherwise is punted
 //! to user space, where the engine decides.
 //!
@@ -14,7 +16,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::{opcode, Ipv4Hdr, UdpHdr, ICRC_LEN};
+use crate::{opcode, AtomicAckEth, Ipv4Hdr, UdpHdr, ICRC_LEN};
 
 /// Who may touch a QP's responder state ([`RespState::owner`]). Changed
 /// only by atomic compare-and-swap or exchange.
@@ -30,7 +32,8 @@ pub mod owner {
 
 /// Why XDP left a request to user space (per QP in [`RespState::punts`]).
 pub mod punt {
-    /// Not a WRITE without immediate (SEND, READ, atomic, reserved...).
+    /// Neither a WRITE without immediate nor an atomic (SEND, READ,
+    /// WRITE with immediate, reserved...).
     pub const NOT_WRITE: usize = 0;
     /// The P_Key does not match the QP's.
     pub const PKEY: usize = 1;
@@ -43,7 +46,8 @@ pub mod punt {
     pub const LENGTH: usize = 4;
     /// The R_Key is no MR of the pool.
     pub const NOT_POOL: usize = 5;
-    /// PD, access flags (the MR's or the QP's) or the range.
+    /// PD, access flags (the MR's or the QP's) or the range; an atomic's
+    /// address not 8-byte aligned.
     pub const ACCESS: usize = 6;
     /// The pad count is larger than the payload, or the headers are not
     /// the plain ones (IPv4 options).
@@ -59,7 +63,10 @@ pub mod punt {
     /// Marked CE (ECN 11): the engine's notification point decides on a
     /// CNP.
     pub const CE: usize = 12;
-    pub const COUNT: usize = 13;
+    /// A FETCH_ADD lost its compare-and-swap races to the application's
+    /// own atomics on the same 8 bytes (nothing was changed).
+    pub const CONTENDED: usize = 13;
+    pub const COUNT: usize = 14;
 
     pub const NAMES: [&str; COUNT] = [
         "not_write",
@@ -75,6 +82,7 @@ pub mod punt {
         "too_long",
         "tx",
         "ce",
+        "contended",
     ];
 }
 
@@ -89,6 +97,20 @@ pub const RESP_SLOTS: u32 = 256;
 
 /// Slots of `POOL_MRS`, indexed by an R_Key's low bits.
 pub const POOL_MR_SLOTS: u32 = 1024;
+
+/// Atomics XDP remembers for replay: as many as the engine's ring of
+/// READ/atomic resources (`MAX_RD_ATOMIC`), a power of two.
+pub const ATOMIC_RES: usize = 16;
+
+/// An atomic XDP executed: its PSN and the value it found, which a
+/// duplicate of it must get again (never a second execution).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct AtomicRes {
+    pub psn: u32,
+    pub _pad: u32,
+    pub orig: u64,
+}
 
 /// A QP's responder state while XDP may serve it, and its counters. One
 /// value of the `BPF_F_MMAPABLE` array `RESP_STATE`, shared with user
@@ -141,6 +163,15 @@ pub struct RespState {
     pub placed_bytes: u64,
     pub acks: u64,
     pub punts: [u64; punt::COUNT],
+    /// Atomics executed.
+    pub atomics: u64,
+    /// Atomics executed since user space lent the QP (it sets 0): the
+    /// last [`ATOMIC_RES`] are in `atomic_res`, at `n % ATOMIC_RES`. User
+    /// space replays them into the engine's resources when it takes the
+    /// QP back.
+    pub atomic_next: u32,
+    pub _pad2: u32,
+    pub atomic_res: [AtomicRes; ATOMIC_RES],
 }
 
 impl Default for RespState {
@@ -170,6 +201,8 @@ pub struct PoolMr {
 
 /// `IBV_ACCESS_REMOTE_WRITE`.
 pub const ACCESS_REMOTE_WRITE: u32 = 2;
+/// `IBV_ACCESS_REMOTE_ATOMIC`.
+pub const ACCESS_REMOTE_ATOMIC: u32 = 8;
 
 /// The largest message (IBA C9-92: 2^31 bytes).
 pub const MAX_MSG_LEN: u64 = 1 << 31;
@@ -239,18 +272,25 @@ pub fn write_rkey(st: &RespState, p: &WriteReq) -> u32 {
     }
 }
 
-/// Checks `rkey`'s pool MR for a remote write of `va..va+len` by a QP of
-/// protection domain `pd`, as `MrTable::resolve` does; the pool offset of
-/// `va` if allowed.
+/// Checks `rkey`'s pool MR for a remote access (`need`, an access flag)
+/// to `va..va+len` by a QP of protection domain `pd`, as
+/// `MrTable::resolve` does; the pool offset of `va` if allowed.
 #[inline(always)]
-fn resolve(mr: Option<&PoolMr>, rkey: u32, pd: u32, va: u64, len: u64) -> Result<u64, usize> {
+fn resolve(
+    mr: Option<&PoolMr>,
+    rkey: u32,
+    pd: u32,
+    va: u64,
+    len: u64,
+    need: u32,
+) -> Result<u64, usize> {
     let Some(mr) = mr else {
         return Err(punt::NOT_POOL);
     };
     if mr.valid == 0 || mr.rkey != rkey {
         return Err(punt::NOT_POOL);
     }
-    if mr.pd != pd || mr.access & ACCESS_REMOTE_WRITE == 0 || len > MAX_MSG_LEN {
+    if mr.pd != pd || mr.access & need == 0 || len > MAX_MSG_LEN {
         return Err(punt::ACCESS);
     }
     let Some(off) = va.checked_sub(mr.iova) else {
@@ -316,7 +356,7 @@ pub fn fast_write(st: &RespState, p: &WriteReq, mr: Option<&PoolMr>) -> Result<P
         return Err(punt::LENGTH);
     }
     if offset == 0 && total > 0 {
-        resolve(mr, rkey, st.pd, va, total as u64)?;
+        resolve(mr, rkey, st.pd, va, total as u64, ACCESS_REMOTE_WRITE)?;
         if st.qp_access & ACCESS_REMOTE_WRITE == 0 {
             return Err(punt::ACCESS);
         }
@@ -328,6 +368,7 @@ pub fn fast_write(st: &RespState, p: &WriteReq, mr: Option<&PoolMr>) -> Result<P
             st.pd,
             va.wrapping_add(offset as u64),
             p.plen as u64,
+            ACCESS_REMOTE_WRITE,
         )?
     } else {
         0
@@ -368,6 +409,97 @@ pub fn commit(st: &mut RespState, p: &WriteReq, pl: &Place) {
     }
     st.placed += 1;
     st.placed_bytes += pl.len as u64;
+}
+
+/// The fields of an RC atomic request (CMP_SWAP, FETCH_ADD) the fast path
+/// decides on, host order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AtomicReq {
+    pub opcode: u8,
+    pub pkey: u16,
+    pub psn: u32,
+    pub va: u64,
+    pub rkey: u32,
+    pub swap_add: u64,
+    pub compare: u64,
+    /// Bytes after the AtomicETH, the pad excluded (an atomic has none).
+    pub plen: u32,
+}
+
+/// CMP_SWAP or FETCH_ADD on an RC QP.
+#[inline(always)]
+pub fn is_fast_atomic(opc: u8) -> bool {
+    matches!(opc, opcode::RC_COMPARE_SWAP | opcode::RC_FETCH_ADD)
+}
+
+/// The responder's checks for one in-order atomic (the table in
+/// `transport/responder.rs`: rows 11-13, then 23-25, as the engine runs
+/// them), for a QP whose state is `st`; `mr` is the pool MR at the
+/// R_Key's slot, if any. `Ok`: the pool offset of the 8 bytes the engine
+/// would operate on. `Err(reason)`: user space decides (it NAKs a
+/// misaligned or forbidden one). The engine's limit on outstanding
+/// READ/atomic responses never binds here: a QP is lent only with none.
+#[inline(always)]
+pub fn fast_atomic(st: &RespState, p: &AtomicReq, mr: Option<&PoolMr>) -> Result<u64, usize> {
+    if !is_fast_atomic(p.opcode) {
+        return Err(punt::NOT_WRITE);
+    }
+    if !pkey_matches(st.pkey as u16, p.pkey) {
+        return Err(punt::PKEY);
+    }
+    if p.psn != st.epsn {
+        return Err(punt::PSN);
+    }
+    if st.in_write != 0 {
+        return Err(punt::SEQUENCE);
+    }
+    if p.plen != 0 {
+        return Err(punt::LENGTH);
+    }
+    if st.qp_access & ACCESS_REMOTE_ATOMIC == 0 {
+        return Err(punt::ACCESS);
+    }
+    // Aligned in the peer's address and in the pool (the engine checks
+    // the address it operates on, too).
+    if p.va & 7 != 0 {
+        return Err(punt::ACCESS);
+    }
+    let off = resolve(mr, p.rkey, st.pd, p.va, 8, ACCESS_REMOTE_ATOMIC)?;
+    if off & 7 != 0 {
+        return Err(punt::ACCESS);
+    }
+    Ok(off)
+}
+
+/// The state after atomic `p` was executed and found `orig` (the
+/// engine's updates: next PSN, next MSN, the result kept for replay).
+#[inline(always)]
+pub fn commit_atomic(st: &mut RespState, p: &AtomicReq, orig: u64) {
+    st.epsn = p.psn.wrapping_add(1) & PSN_MASK;
+    st.msn = st.msn.wrapping_add(1) & PSN_MASK;
+    let i = st.atomic_next as usize & (ATOMIC_RES - 1);
+    st.atomic_res[i] = AtomicRes {
+        psn: p.psn,
+        _pad: 0,
+        orig,
+    };
+    st.atomic_next = st.atomic_next.wrapping_add(1);
+    st.atomics += 1;
+}
+
+/// What an atomic does to the 8 bytes it found (`old`): the new value.
+/// The XDP program does the same with BPF atomics; this is the reference.
+#[inline(always)]
+pub fn atomic_result(p: &AtomicReq, old: u64) -> u64 {
+    if p.opcode == opcode::RC_COMPARE_SWAP {
+        if old == p.compare {
+            p.swap_add
+        } else {
+            old
+        }
+    } else {
+        old.wrapping_add(p.swap_add)
+    }
 }
 
 /// CRC-32 (IEEE, reflected: the ICRC's and `crc32fast`'s) by table:
@@ -496,7 +628,19 @@ pub fn ack_template_ok(st: &RespState) -> bool {
 /// length, or 0 if the template is unusable.
 #[inline(always)]
 pub fn build_ack(st: &mut RespState, psn: u32, out: &mut [u8; ACK_TMPL_LEN]) -> usize {
-    let len = st.ack_len as usize;
+    build_resp(st, psn, None, out)
+}
+
+/// [`build_ack`], or with `atomic_orig` the atomic ACK of `psn`: opcode
+/// ATOMIC_ACKNOWLEDGE, the IP and UDP lengths 8 bytes longer, and the
+/// AtomicAckETH (the value found, big-endian) after the AETH.
+#[inline(always)]
+pub fn build_resp(
+    st: &mut RespState,
+    psn: u32,
+    atomic_orig: Option<u64>,
+    out: &mut [u8; ACK_TMPL_LEN],
+) -> usize {
     let l3 = st.ack_l3 as usize;
     let ipv4 = st.ack_ipv4 != 0;
     let ihl = if ipv4 { Ipv4Hdr::LEN } else { 40 };
@@ -506,6 +650,30 @@ pub fn build_ack(st: &mut RespState, psn: u32, out: &mut [u8; ACK_TMPL_LEN]) -> 
         return 0;
     }
     *out = st.ack;
+    let ext = if atomic_orig.is_some() {
+        AtomicAckEth::LEN
+    } else {
+        0
+    };
+    let len = st.ack_len as usize + ext;
+    if let Some(orig) = atomic_orig {
+        out[bth & M] = opcode::RC_ATOMIC_ACKNOWLEDGE;
+        // IPv4 total length (bytes 2-3) or IPv6 payload length (4-5),
+        // and the UDP length: each 8 bytes more.
+        let ip_len_at = if ipv4 { l3 + 2 } else { l3 + 4 };
+        for at in [ip_len_at, l3 + ihl + 4] {
+            let v = (((out[at & M] as u16) << 8) | out[(at + 1) & M] as u16)
+                .wrapping_add(AtomicAckEth::LEN as u16);
+            out[at & M] = (v >> 8) as u8;
+            out[(at + 1) & M] = v as u8;
+        }
+        let b = orig.to_be_bytes();
+        let mut i = 0;
+        while i < 8 {
+            out[(bth + 16 + i) & M] = b[i];
+            i += 1;
+        }
+    }
     if ipv4 {
         st.ip_id = st.ip_id.wrapping_add(1) & 0xffff;
         out[(l3 + 4) & M] = (st.ip_id >> 8) as u8;
@@ -542,9 +710,12 @@ pub fn build_ack(st: &mut RespState, psn: u32, out: &mut [u8; ACK_TMPL_LEN]) -> 
         }
         i += 1;
     }
+    // The AETH, and the AtomicAckETH if there is one.
     let mut i = 0;
-    while i < 4 {
-        crc = crc_byte(crc, out[(bth + 12 + i) & M]);
+    while i < 4 + AtomicAckEth::LEN {
+        if i < 4 + ext {
+            crc = crc_byte(crc, out[(bth + 12 + i) & M]);
+        }
         i += 1;
     }
     let crc = !crc;

@@ -1,6 +1,7 @@
 //! The XDP responder (issue 20): in-order RDMA WRITEs to a QP lent to
-//! XDP, into an MR of the pool, are placed and ACKed here; anything else
-//! goes to user space with the QP handed back.
+//! XDP, into an MR of the pool, are placed and ACKed here, and in-order
+//! atomics on such an MR are done with BPF atomics and answered with the
+//! atomic ACK; anything else goes to user space with the QP handed back.
 //!
 //! The decisions are `rdma_common::fastpath`'s (shared with, and tested
 //! against, the engine); this file only reads the frame, copies, and
@@ -17,9 +18,10 @@ use aya_ebpf::{
 };
 use rdma_common::{
     fastpath::{
-        self, owner, punt, PoolMr, RespState, WriteReq, ACK_TMPL_LEN, POOL_MR_SLOTS, RESP_SLOTS,
+        self, owner, punt, AtomicReq, PoolMr, RespState, WriteReq, ACK_TMPL_LEN, POOL_MR_SLOTS,
+        RESP_SLOTS,
     },
-    mr_pool, opcode, stat, Bth, Reth, UdpHdr, ICRC_LEN,
+    mr_pool, opcode, stat, AtomicEth, Bth, Reth, UdpHdr, ICRC_LEN,
 };
 
 use crate::{count, ptr_at, MR_POOL};
@@ -151,7 +153,8 @@ fn give(own: *mut u64, to: u64) {
 
 #[inline(always)]
 fn serve(ctx: &XdpContext, st: &mut RespState, bth: &Bth, f: &Frame) -> Result<(u32, u32), usize> {
-    if !fastpath::is_fast_write(bth.opcode) {
+    let atomic = fastpath::is_fast_atomic(bth.opcode);
+    if !atomic && !fastpath::is_fast_write(bth.opcode) {
         return Err(punt::NOT_WRITE);
     }
     if f.ip_options {
@@ -162,6 +165,9 @@ fn serve(ctx: &XdpContext, st: &mut RespState, bth: &Bth, f: &Frame) -> Result<(
     }
     if f.src_gid != st.peer_gid || f.src_port as u32 != st.peer_sport {
         return Err(punt::SOURCE);
+    }
+    if atomic {
+        return serve_atomic(ctx, st, bth, f);
     }
     let first = matches!(
         bth.opcode,
@@ -197,15 +203,7 @@ fn serve(ctx: &XdpContext, st: &mut RespState, bth: &Bth, f: &Frame) -> Result<(
     if place.ack && !fastpath::ack_template_ok(st) {
         return Err(punt::TX);
     }
-    // 0: the ICRC matches; otherwise the punt reason plus one. (Skipped
-    // only when the benchmark measures the check's cost.)
-    let bench_no_icrc = crate::CONFIG.get(0).is_some_and(|c| c.bench_no_icrc != 0);
-    if !bench_no_icrc {
-        match check_icrc(ctx, f) {
-            0 => {}
-            r => return Err(r as usize - 1),
-        }
-    }
+    icrc_ok(ctx, f)?;
     let len = place.len as usize;
     if len > 0 {
         if len > mr_pool::PAGE {
@@ -227,23 +225,174 @@ fn serve(ctx: &XdpContext, st: &mut RespState, bth: &Bth, f: &Frame) -> Result<(
     if !place.ack {
         return Ok((xdp_action::XDP_DROP, stat::XDP_PLACED));
     }
-    let v = send_ack(ctx, st, req.psn, f.frame_len);
+    let v = send_ack(ctx, st, req.psn as u64, 0, f.frame_len);
     Ok(((v >> 32) as u32, v as u32))
 }
 
-/// Turns the frame into the ACK of `psn` and sends it back (XDP_TX). Not
-/// inlined: its buffers count against the stack only while it runs. The
-/// verdict in the high half of the result, the counter in the low one.
+/// The received ICRC, checked: `Err` with the punt reason if it is wrong
+/// (skipped only when the benchmark measures the check's cost).
+#[inline(always)]
+fn icrc_ok(ctx: &XdpContext, f: &Frame) -> Result<(), usize> {
+    let bench_no_icrc = crate::CONFIG.get(0).is_some_and(|c| c.bench_no_icrc != 0);
+    if !bench_no_icrc {
+        match check_icrc(ctx, f) {
+            0 => {}
+            r => return Err(r as usize - 1),
+        }
+    }
+    Ok(())
+}
+
+/// An in-order CMP_SWAP or FETCH_ADD into a pool MR: the engine's checks
+/// (`fastpath::fast_atomic`), the operation as a BPF atomic on the pool's
+/// 8 bytes (atomic against the application's own CPU atomics on them),
+/// and the atomic ACK. The result is kept in the state for replay.
+#[inline(always)]
+fn serve_atomic(
+    ctx: &XdpContext,
+    st: &mut RespState,
+    bth: &Bth,
+    f: &Frame,
+) -> Result<(u32, u32), usize> {
+    let a = ptr_at::<AtomicEth>(ctx, f.bth_off + Bth::LEN).ok_or(punt::MALFORMED)?;
+    // SAFETY: bounds checked by `ptr_at`; AtomicEth has alignment 1.
+    let a = unsafe { &*a };
+    let pad = bth.pad_count() as usize;
+    let body = f
+        .udp_len
+        .checked_sub(UdpHdr::LEN + Bth::LEN + f.ext_len + ICRC_LEN)
+        .ok_or(punt::MALFORMED)?;
+    if pad > body {
+        return Err(punt::MALFORMED);
+    }
+    let req = AtomicReq {
+        opcode: bth.opcode,
+        pkey: bth.pkey(),
+        psn: bth.psn(),
+        va: a.va(),
+        rkey: a.rkey(),
+        swap_add: a.swap_add(),
+        compare: a.compare(),
+        plen: (body - pad) as u32,
+    };
+    let mr = POOL_MRS.get(req.rkey % POOL_MR_SLOTS);
+    let off = fastpath::fast_atomic(st, &req, mr)?;
+    if !fastpath::ack_template_ok(st) {
+        return Err(punt::TX);
+    }
+    icrc_ok(ctx, f)?;
+    let pool = MR_POOL.get_ptr_mut(0).ok_or(punt::NOT_POOL)? as *mut u8;
+    // `fast_atomic` checked the 8 bytes inside the MR, the MR inside the
+    // pool, and the offset 8-byte aligned: the masks change no such value
+    // and show the verifier an aligned access inside the map value.
+    let off = (off & mr_pool::MASK & !7) as usize;
+    // SAFETY: off + 8 <= BYTES + SLACK: inside the value, 8-byte aligned
+    // (map values are); BPF atomics, as the application's CPU atomics.
+    let orig = unsafe { atomic_op(pool.add(off) as *mut u64, &req) }.ok_or(punt::CONTENDED)?;
+    fastpath::commit_atomic(st, &req, orig);
+    let v = send_ack(ctx, st, req.psn as u64 | ATOMIC_ACK, orig, f.frame_len);
+    Ok(((v >> 32) as u32, v as u32))
+}
+
+/// Compare-and-swap tries of a FETCH_ADD before it goes to user space:
+/// only the application's own atomics on the same 8 bytes make one fail.
+const FETCH_ADD_TRIES: u32 = 16;
+
+/// FETCH_ADD or CMP_SWAP on `p`; the value found. `None`: a FETCH_ADD lost
+/// [`FETCH_ADD_TRIES`] races and did nothing (BPF's fetching add needs a
+/// newer instruction set than the one the program is built for, so it is
+/// a compare-and-swap loop).
+///
+/// # Safety
+/// `p` must be valid and 8-byte aligned.
+#[inline(always)]
+unsafe fn atomic_op(p: *mut u64, req: &AtomicReq) -> Option<u64> {
+    let mut tries = 0;
+    while tries < FETCH_ADD_TRIES {
+        // SAFETY: the caller's.
+        let old = unsafe { core::ptr::read_volatile(p) };
+        let (expect, new) = if req.opcode == opcode::RC_COMPARE_SWAP {
+            (req.compare, req.swap_add)
+        } else {
+            (old, old.wrapping_add(req.swap_add))
+        };
+        // SAFETY: the caller's.
+        let (found, swapped) = unsafe { cas(p, expect, new) };
+        // CMP_SWAP is done either way: the value found is its answer.
+        if swapped || req.opcode == opcode::RC_COMPARE_SWAP {
+            return Some(found);
+        }
+        tries += 1;
+    }
+    None
+}
+
+/// Compare-and-swap on `p`: the value found, and whether it was `expect`
+/// (and is now `new`).
+///
+/// # Safety
+/// `p` must be valid and 8-byte aligned.
+#[inline(always)]
+unsafe fn cas(p: *mut u64, expect: u64, new: u64) -> (u64, bool) {
+    #[cfg(target_arch = "bpf")]
+    {
+        use core::intrinsics::{atomic_cxchg, AtomicOrdering};
+        // SAFETY: the caller's.
+        unsafe {
+            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
+                p, expect, new,
+            )
+        }
+    }
+    #[cfg(not(target_arch = "bpf"))]
+    {
+        use core::sync::atomic::{AtomicU64, Ordering};
+        // SAFETY: the caller's.
+        match unsafe { AtomicU64::from_ptr(p) }.compare_exchange(
+            expect,
+            new,
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        ) {
+            Ok(v) => (v, true),
+            Err(v) => (v, false),
+        }
+    }
+}
+
+/// In `send_ack`'s PSN word: the atomic ACK, not the plain one.
+const ATOMIC_ACK: u64 = 1 << 32;
+
+/// Turns the frame into the ACK of the PSN in `psn`'s low half (with
+/// [`ATOMIC_ACK`], the atomic ACK carrying `orig`) and sends it back
+/// (XDP_TX). Not inlined: its buffers count against the stack only while
+/// it runs. Scalars only, five at most: a BPF call passes five registers.
+/// The verdict in the high half of the result, the counter in the low one.
 #[inline(never)]
-fn send_ack(ctx: &XdpContext, st: &mut RespState, psn: u32, frame_len: usize) -> u64 {
-    let (v, c) = ack_frame(ctx, st, psn, frame_len);
+fn send_ack(ctx: &XdpContext, st: &mut RespState, psn: u64, orig: u64, frame_len: usize) -> u64 {
+    let atomic = (psn & ATOMIC_ACK != 0).then_some(orig);
+    let (v, c) = ack_frame(ctx, st, psn as u32, atomic, frame_len);
     ((v as u64) << 32) | c as u64
 }
 
 #[inline(always)]
-fn ack_frame(ctx: &XdpContext, st: &mut RespState, psn: u32, frame_len: usize) -> (u32, u32) {
-    let mut out = [0u8; ACK_TMPL_LEN];
-    let n = fastpath::build_ack(st, psn, &mut out);
+fn ack_frame(
+    ctx: &XdpContext,
+    st: &mut RespState,
+    psn: u32,
+    atomic_orig: Option<u64>,
+    frame_len: usize,
+) -> (u32, u32) {
+    // The frame is built in a per-CPU map value, not on the stack: the
+    // stack is 512 bytes for the whole call chain.
+    let Some(out) = ACK_OUT.get_ptr_mut(0) else {
+        st.punts[punt::TX] += 1;
+        return (xdp_action::XDP_DROP, stat::XDP_PLACED);
+    };
+    // SAFETY: this CPU's value: XDP runs to its end on one CPU, nobody
+    // else uses it.
+    let out = unsafe { &mut *out };
+    let n = fastpath::build_resp(st, psn, atomic_orig, out);
     if n == 0 || n > ACK_TMPL_LEN || n > frame_len {
         // Checked before placing; an ACK lost here is an ACK lost on the
         // wire: the requester resends and the duplicate is re-ACKed.
@@ -264,6 +413,10 @@ fn ack_frame(ctx: &XdpContext, st: &mut RespState, psn: u32, frame_len: usize) -
     }
     (xdp_action::XDP_TX, stat::XDP_ACKED)
 }
+
+/// Where `ack_frame` builds the frame it sends.
+#[map]
+static ACK_OUT: PerCpuArray<[u8; ACK_TMPL_LEN]> = PerCpuArray::with_max_entries(1, 0);
 
 /// The bytes after the headers (extension headers, payload, pad) are
 /// copied once into this per-CPU scratch value and hashed from there: one

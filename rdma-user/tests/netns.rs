@@ -550,6 +550,24 @@ fn pool_mrs_take_writes_say_when_full_and_free_on_dereg() {
     let v = x(&lab);
     assert_eq!(v["placed"], 13, "{v}");
     assert_eq!(v["acks"], 2, "{v}");
+    // Atomics on the pool MR are XDP's too: a CMP_SWAP that swaps, one
+    // that does not, and FETCH_ADDs, each answered with the value found.
+    let ctr = b_addr + 40000;
+    let atomic = |op: &str, args: &[&str]| {
+        let v = lab.post_ok(op, qa, a_l, args, ctr, b_r);
+        assert_eq!(v["wc"]["status"], "success", "{v}");
+        v["original"].as_u64().unwrap()
+    };
+    assert_eq!(atomic("cmp-swap", &["--compare", "0", "--swap", "40"]), 0);
+    assert_eq!(atomic("cmp-swap", &["--compare", "0", "--swap", "99"]), 40);
+    for k in 0..5u64 {
+        assert_eq!(atomic("fetch-add", &["--add", "2"]), 40 + 2 * k);
+    }
+    assert_eq!(lab.mr_bytes(1, b_l, 40000, 8), 50u64.to_ne_bytes());
+    let v = x(&lab);
+    assert_eq!(v["atomics"], 7, "{v}");
+    assert_eq!(v["acks"], 9, "{v}");
+    assert_eq!(v["placed"], 13, "{v}");
     let q = lab.ok(1, &["qp", "list"]);
     assert_eq!(q["qps"][0]["stats"]["errors"], 0, "{q}");
     let list = lab.ok(1, &["mr", "list"]);

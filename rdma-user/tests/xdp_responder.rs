@@ -5,9 +5,14 @@
 //! - where XDP would place a packet, the engine places the same bytes at
 //!   the same place, its state moves the same way, and the ACK XDP builds
 //!   is byte for byte the frame the engine sends (or neither sends one);
+//! - where XDP would execute an atomic, the engine finds the same value,
+//!   leaves the same 8 bytes, and sends the same atomic ACK;
 //! - where XDP punts, the engine does something else than a silent
 //!   placement (a NAK, a drop, a re-ACK), except for requests XDP never
-//!   serves (SEND, READ, atomics);
+//!   serves (SEND, READ);
+//! - atomics XDP executed are replayed by the engine after it took the
+//!   QP back: a duplicate gets the value XDP found, never a second
+//!   execution;
 //! - the masks that let the verifier prove a placement stays inside the
 //!   pool never change an offset or length that passed the checks.
 
@@ -15,9 +20,11 @@ mod bench;
 mod sim;
 
 use bench::*;
-use rdma_common::fastpath::{self, punt, PoolMr, RespState, WriteReq, ACK_TMPL_LEN};
+use rdma_common::fastpath::{
+    self, punt, AtomicReq, PoolMr, RespState, WriteReq, ACK_TMPL_LEN, ATOMIC_RES,
+};
 use rdma_common::mr_pool;
-use rdma_user::device::datapath::ack_template;
+use rdma_user::device::datapath::{ack_template, atomics_of};
 use rdma_user::transport::*;
 use rdma_user::wire::*;
 use sim::*;
@@ -59,6 +66,8 @@ fn snapshot(st: &RespState) -> RespSnapshot {
         epsn: st.epsn,
         msn: st.msn,
         write: (st.in_write != 0).then_some((st.w_rkey, st.w_va, st.w_total, st.w_offset)),
+        atomics: [(0, 0); ATOMIC_RES],
+        n_atomics: 0,
     }
 }
 
@@ -77,6 +86,8 @@ struct Req {
     ack_req: bool,
     pkey: u16,
     reth: Option<(u64, u32, u32)>,
+    /// va, rkey, swap_add, compare.
+    atomic: Option<(u64, u32, u64, u64)>,
     payload: Vec<u8>,
 }
 
@@ -85,6 +96,25 @@ impl Gen {
         let r = &mut self.rng;
         let rkey = b.mr_rkey();
         let mut q = match self.msg {
+            // Between messages, an atomic now and then: on an 8-byte
+            // counter of the WRITE area, compare values that often match.
+            None if r.chance(0.15) => {
+                let va = b.va(8 * r.below(WRITE_AREA_LEN / 8));
+                let compare = if r.chance(0.5) { 0 } else { r.next_u64() };
+                Req {
+                    opcode: if r.chance(0.5) {
+                        opcode::RC_COMPARE_SWAP
+                    } else {
+                        opcode::RC_FETCH_ADD
+                    },
+                    psn: self.psn,
+                    ack_req: true,
+                    pkey: 0xffff,
+                    reth: None,
+                    atomic: Some((va, rkey, r.next_u64(), compare)),
+                    payload: Vec::new(),
+                }
+            }
             None => {
                 let total = match r.below(4) {
                     0 => r.below(mtu as u64 + 1) as u32,
@@ -105,6 +135,7 @@ impl Gen {
                     ack_req: total <= mtu || r.chance(0.2),
                     pkey: 0xffff,
                     reth: Some((va, rkey, total)),
+                    atomic: None,
                     payload: (0..first).map(|_| r.next_u64() as u8).collect(),
                 }
             }
@@ -126,6 +157,7 @@ impl Gen {
                     ack_req: last || r.chance(0.2),
                     pkey: 0xffff,
                     reth: None,
+                    atomic: None,
                     payload: (0..n).map(|_| r.next_u64() as u8).collect(),
                 }
             }
@@ -140,14 +172,25 @@ impl Gen {
                 if let Some(h) = &mut q.reth {
                     h.1 ^= 0x100;
                 }
+                if let Some(a) = &mut q.atomic {
+                    a.1 ^= 0x100;
+                }
             }
             4 => {
                 if let Some(h) = &mut q.reth {
                     h.0 = b.va(MR_LEN as u64 - 2);
                 }
+                if let Some(a) = &mut q.atomic {
+                    a.0 = b.va(MR_LEN as u64 - 8) + 8;
+                }
             }
-            5 => {
+            5 if q.atomic.is_none() => {
                 q.payload.push(1);
+            }
+            9 => {
+                if let Some(a) = &mut q.atomic {
+                    a.0 += 4;
+                }
             }
             6 => q.opcode = opcode::RC_RDMA_WRITE_MIDDLE,
             7 => {
@@ -165,10 +208,18 @@ impl Gen {
     }
 }
 
+/// What XDP would do with a request.
+enum Verdict {
+    Write(fastpath::Place),
+    /// The atomic's pool offset.
+    Atomic(u64),
+}
+
 #[test]
 fn xdp_decisions_and_acks_equal_the_engines() {
     let mut placed = 0u32;
     let mut acks = 0u32;
+    let mut atomics = 0u32;
     let mut punts = [0u32; punt::COUNT];
     for seed in 0..1000u64 {
         let mtu = [256, 1024, 4096][seed as usize % 3];
@@ -201,12 +252,26 @@ fn xdp_decisions_and_acks_equal_the_engines() {
                 dma_len: req.reth.map_or(0, |r| r.2),
                 plen: req.payload.len() as u32,
             };
-            let verdict = st
-                .as_ref()
-                .map(|st| fastpath::fast_write(st, &wr, Some(&mr)));
+            let ar = fastpath::is_fast_atomic(req.opcode).then(|| {
+                let (va, rkey, swap_add, compare) = req.atomic.unwrap_or_default();
+                AtomicReq {
+                    opcode: req.opcode,
+                    pkey: req.pkey,
+                    psn: req.psn,
+                    va,
+                    rkey,
+                    swap_add,
+                    compare,
+                    plen: req.payload.len() as u32,
+                }
+            });
+            let verdict = st.as_ref().map(|st| match &ar {
+                Some(a) => fastpath::fast_atomic(st, a, Some(&mr)).map(Verdict::Atomic),
+                None => fastpath::fast_write(st, &wr, Some(&mr)).map(Verdict::Write),
+            });
             let before = b.n.qp.stats();
             let mem_before = b.n.mr().to_vec();
-            let (reth, pkey) = (req.reth, req.pkey);
+            let (reth, pkey, atomic) = (req.reth, req.pkey, req.atomic);
             b.req(
                 req.opcode,
                 req.psn,
@@ -220,6 +285,14 @@ fn xdp_decisions_and_acks_equal_the_engines() {
                             dma_len: len,
                         });
                     }
+                    if let Some((va, rkey, swap_add, compare)) = atomic {
+                        t.atomic_eth = Some(AtomicEthRepr {
+                            va,
+                            rkey,
+                            swap_add,
+                            compare,
+                        });
+                    }
                 },
                 &req.payload,
             );
@@ -227,7 +300,34 @@ fn xdp_decisions_and_acks_equal_the_engines() {
             b.n.transmit(b.now, &mut frames);
             let after = b.n.qp.stats();
             match (st, verdict) {
-                (Some(mut st), Some(Ok(p))) => {
+                (Some(mut st), Some(Ok(Verdict::Atomic(off)))) => {
+                    let a = ar.expect("an atomic");
+                    atomics += 1;
+                    assert_eq!(after.errors, before.errors, "seed {seed}");
+                    // The engine found what XDP's BPF atomic would find
+                    // and left what it would leave.
+                    let at = (off - mr.pool_off) as usize;
+                    let old = u64::from_ne_bytes(mem_before[at..at + 8].try_into().unwrap());
+                    let mut expect = mem_before;
+                    expect[at..at + 8]
+                        .copy_from_slice(&fastpath::atomic_result(&a, old).to_ne_bytes());
+                    assert_eq!(expect, b.n.mr(), "seed {seed}: atomic result differs");
+                    fastpath::commit_atomic(&mut st, &a, old);
+                    assert_eq!(
+                        b.n.qp.lendable_responder(),
+                        Some(snapshot(&st)),
+                        "seed {seed}: state differs"
+                    );
+                    let mut out = [0u8; ACK_TMPL_LEN];
+                    let n = fastpath::build_resp(&mut st, a.psn, Some(old), &mut out);
+                    assert_eq!(frames.len(), 1, "seed {seed}");
+                    assert_eq!(
+                        &out[..n],
+                        &frames[0][..],
+                        "seed {seed}: atomic ACK bytes differ"
+                    );
+                }
+                (Some(mut st), Some(Ok(Verdict::Write(p)))) => {
                     placed += 1;
                     assert_eq!(after.errors, before.errors, "seed {seed}");
                     // The same bytes at the same place.
@@ -285,10 +385,10 @@ fn xdp_decisions_and_acks_equal_the_engines() {
             }
         }
     }
-    eprintln!("placed {placed}, acks {acks}, punts {punts:?}");
+    eprintln!("placed {placed}, acks {acks}, atomics {atomics}, punts {punts:?}");
     assert!(
-        placed > 10_000 && acks > 3000,
-        "placed {placed}, acks {acks}"
+        placed > 8000 && acks > 3000 && atomics > 1000,
+        "placed {placed}, acks {acks}, atomics {atomics}"
     );
     for r in [
         punt::NOT_WRITE,
@@ -306,6 +406,80 @@ fn xdp_decisions_and_acks_equal_the_engines() {
             punts[r]
         );
     }
+}
+
+/// Atomics XDP executed while it held the QP: once the engine takes the
+/// QP back, a duplicate of one gets the value XDP found (replayed, not
+/// executed again), as rxe and the engine do for their own; the oldest
+/// beyond the engine's resources (max_dest_rd_atomic) are forgotten, as
+/// the engine forgets its own.
+#[test]
+fn atomics_xdp_executed_are_replayed_after_the_take_back() {
+    let peer_psn = 0x500;
+    let mut b = Bench::new(1024, 0x100, peer_psn);
+    let mut st = lend(&b).expect("a quiescent QP is lendable");
+    let va = b.va(64);
+    let fetch_add = |psn| AtomicReq {
+        opcode: opcode::RC_FETCH_ADD,
+        pkey: 0xffff,
+        psn,
+        va,
+        rkey: b.mr_rkey(),
+        swap_add: 1,
+        compare: 0,
+        plen: 0,
+    };
+    // XDP executes three FETCH_ADDs (played here without touching the
+    // memory, so that a second execution would show), finding 7, 8, 9.
+    for (k, orig) in [7u64, 8, 9].into_iter().enumerate() {
+        fastpath::commit_atomic(&mut st, &fetch_add(peer_psn + k as u32), orig);
+    }
+    // The take-back, as the data path does it.
+    let snap = RespSnapshot {
+        epsn: st.epsn,
+        msn: st.msn,
+        write: None,
+        ..atomics_of(&st)
+    };
+    assert_eq!(snap.n_atomics, 3);
+    b.n.qp.restore_responder(&snap);
+    let mem = b.n.mr().to_vec();
+    let rkey = b.mr_rkey();
+    let dup = |b: &mut Bench, psn: u32| {
+        b.req(
+            opcode::RC_FETCH_ADD,
+            psn,
+            true,
+            |t| {
+                t.atomic_eth = Some(AtomicEthRepr {
+                    va,
+                    rkey,
+                    swap_add: 1,
+                    compare: 0,
+                })
+            },
+            &[],
+        );
+        let mut frames = Vec::new();
+        b.n.transmit(b.now, &mut frames);
+        frames
+            .iter()
+            .map(|f| RoceRepr::parse(f).unwrap().0.transport)
+            .collect::<Vec<_>>()
+    };
+    // The two newest fit the engine's resources (max_dest_rd_atomic 2).
+    for (psn, orig) in [(peer_psn + 2, 9), (peer_psn + 1, 8)] {
+        let t = dup(&mut b, psn);
+        assert_eq!(t.len(), 1, "{t:?}");
+        assert_eq!(t[0].bth.opcode, opcode::RC_ATOMIC_ACKNOWLEDGE);
+        assert_eq!((t[0].bth.psn, t[0].atomic_ack), (psn, Some(orig)));
+    }
+    // The oldest is forgotten: dropped, as the engine drops a duplicate
+    // atomic it has no resource for.
+    assert!(dup(&mut b, peer_psn).is_empty());
+    assert_eq!(b.n.mr(), &mem[..], "a duplicate was executed again");
+    assert_eq!(b.n.qp.stats().errors, 0);
+    assert_eq!(b.n.qp.rq_psn(), peer_psn + 3);
 }
 
 /// A lent QP in PD 1 that takes remote WRITEs, MTU 4096, at PSN 0.

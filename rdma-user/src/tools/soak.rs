@@ -56,6 +56,34 @@ pub struct Options {
     /// The MR in the MR pool: the XDP responder serves in-order WRITEs to
     /// it (QPs with selective repeat stay on the user path).
     pub pool: bool,
+    /// The operations the client mixes, a [`parse_kinds`] mask (all by
+    /// default; the others keep their shares of the mix).
+    pub kinds: u8,
+}
+
+/// Every operation of the mix.
+pub const ALL_KINDS: u8 = 0b1_1111;
+
+/// `write,read,send,fetch-add,cmp-swap` (any of them, or `all`) as a mask
+/// of the operations the soak mixes.
+pub fn parse_kinds(s: &str) -> Result<u8, String> {
+    let mut m = 0;
+    for k in s.split(',').map(str::trim) {
+        m |= match k {
+            "all" => ALL_KINDS,
+            "write" => 1 << Kind::Write as u8,
+            "read" => 1 << Kind::Read as u8,
+            "send" => 1 << Kind::Send as u8,
+            "fetch-add" => 1 << Kind::FetchAdd as u8,
+            "cmp-swap" => 1 << Kind::CmpSwap as u8,
+            _ => {
+                return Err(format!(
+                    "unknown operation '{k}'; known: write, read, send, fetch-add, cmp-swap, all"
+                ))
+            }
+        };
+    }
+    Ok(m)
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -65,9 +93,11 @@ pub struct ServerReport {
     pub sends_corrupted: u64,
     pub recv_errors: u64,
     /// The XDP responder on the server's QP (`--pool`): packets it placed,
-    /// ACKs it sent, requests it left to the engine.
+    /// atomics it executed, ACKs it sent, requests it left to the engine.
     #[serde(default)]
     pub xdp_placed: u64,
+    #[serde(default)]
+    pub xdp_atomics: u64,
     #[serde(default)]
     pub xdp_acks: u64,
     #[serde(default)]
@@ -445,6 +475,7 @@ pub fn serve(o: &Options) -> Result<ServerReport> {
     if let Some(x) = s.dev.dp.core.xdp_responder_stats(s.qpn) {
         let n = |k: &str| x[k].as_u64().unwrap_or(0);
         rep.xdp_placed = n("placed");
+        rep.xdp_atomics = n("atomics");
         rep.xdp_acks = n("acks");
         rep.xdp_punts = x["punts"]
             .as_object()
@@ -534,13 +565,19 @@ pub fn run(o: &Options) -> Result<Report> {
         while posted < o.ops && outstanding.len() < depth {
             let Some(ls) = free_local.pop() else { break };
             let lbuf = ls * SLOT;
-            let r = rng.below(100);
-            let mut kind = match r {
-                0..=34 => Kind::Write,
-                35..=59 => Kind::Read,
-                60..=84 => Kind::Send,
-                85..=94 => Kind::FetchAdd,
-                _ => Kind::CmpSwap,
+            // Drawn again until allowed (`kinds`): the allowed ones keep
+            // their shares of the mix.
+            let mut kind = loop {
+                let kind = match rng.below(100) {
+                    0..=34 => Kind::Write,
+                    35..=59 => Kind::Read,
+                    60..=84 => Kind::Send,
+                    85..=94 => Kind::FetchAdd,
+                    _ => Kind::CmpSwap,
+                };
+                if o.kinds & (1 << kind as u8) != 0 || o.kinds & ALL_KINDS == 0 {
+                    break kind;
+                }
             };
             let mut area_slot = rng.below(SLOTS as u64) as usize;
             if kind == Kind::Write && reads_on_slot[area_slot] > 0 {

@@ -160,6 +160,11 @@ pub struct RespSnapshot {
     pub msn: u32,
     /// rkey, va, total, offset of a multi-packet WRITE in progress.
     pub write: Option<(u32, u64, u32, u32)>,
+    /// The atomics XDP executed while it held the QP, oldest first: PSN
+    /// and the value found, the first `n_atomics` (the last
+    /// `MAX_RD_ATOMIC` at most: all a duplicate can still ask for).
+    pub atomics: [(u32, u64); MAX_RD_ATOMIC as usize],
+    pub n_atomics: usize,
 }
 
 /// The QP's constants the XDP responder checks with.
@@ -202,6 +207,8 @@ impl QpEngine {
             epsn: self.resp.epsn,
             msn: self.resp.msn,
             write,
+            atomics: [(0, 0); MAX_RD_ATOMIC as usize],
+            n_atomics: 0,
         })
     }
 
@@ -220,6 +227,17 @@ impl QpEngine {
                 imm: false,
             },
         };
+        // As if the engine had executed them: a duplicate gets the value
+        // XDP found, never a second execution.
+        for &(psn, orig) in &s.atomics[..s.n_atomics.min(MAX_RD_ATOMIC as usize)] {
+            self.save_res(RdAtomicRes {
+                valid: true,
+                atomic: true,
+                first_psn: psn & MASK_24,
+                npkts: 1,
+                orig,
+            });
+        }
     }
 
     pub fn responder_consts(&self) -> RespConsts {

@@ -215,6 +215,10 @@ pub struct SoakArgs {
     /// WRITEs to it (with go-back-N; see --no-selective-repeat).
     #[arg(long)]
     pub pool: bool,
+    /// The operations the client mixes: any of write, read, send,
+    /// fetch-add, cmp-swap, comma-separated (the others keep their shares).
+    #[arg(long, default_value = "all", value_parser = rdma_user::tools::soak::parse_kinds)]
+    pub kinds: u8,
 }
 
 #[derive(Args)]
@@ -492,6 +496,7 @@ pub fn soak(a: SoakArgs, json_file: Option<PathBuf>) -> Result<()> {
         dcqcn: !a.no_dcqcn,
         selective_repeat: !a.no_selective_repeat,
         pool: a.pool,
+        kinds: a.kinds,
     };
     let (out, clean) = if o.server.is_some() {
         let r = rdma_user::tools::soak::run(&o)?;

@@ -23,7 +23,9 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use rdma_common::fastpath::{owner, PoolMr, RespState, ACK_TMPL_LEN, POOL_MR_SLOTS, RESP_SLOTS};
+use rdma_common::fastpath::{
+    owner, PoolMr, RespState, ACK_TMPL_LEN, ATOMIC_RES, POOL_MR_SLOTS, RESP_SLOTS,
+};
 
 use super::{Core, QpSlot};
 use crate::device::error::DeviceError;
@@ -425,6 +427,7 @@ impl Core {
                 let st = &mut *st;
                 st.epsn = s.epsn;
                 st.msn = s.msn;
+                st.atomic_next = 0;
                 match s.write {
                     Some((rkey, va, total, offset)) => {
                         st.in_write = 1;
@@ -478,7 +481,8 @@ impl Core {
         Some(serde_json::json!({
             "slot": i, "lent": slot.lend.lent, "lends": slot.lend.lends,
             "take_backs": slot.lend.take_backs, "placed": st.placed,
-            "placed_bytes": st.placed_bytes, "acks": st.acks, "punts": punts,
+            "placed_bytes": st.placed_bytes, "acks": st.acks, "atomics": st.atomics,
+            "punts": punts,
         }))
     }
 }
@@ -506,6 +510,7 @@ pub(super) fn take_back(fast: &Fast, slot: &mut QpSlot) {
         epsn: st.epsn,
         msn: st.msn,
         write: (st.in_write != 0).then_some((st.w_rkey, st.w_va, st.w_total, st.w_offset)),
+        ..atomics_of(st)
     };
     slot.qp.restore_responder(&snap);
     if let Some(RoceRepr {
@@ -516,6 +521,28 @@ pub(super) fn take_back(fast: &Fast, slot: &mut QpSlot) {
     }
     slot.lend.lent = false;
     slot.lend.take_backs += 1;
+}
+
+// XDP keeps as many atomics for replay as the engine's resources hold.
+const _: () = assert!(ATOMIC_RES == crate::transport::MAX_RD_ATOMIC as usize);
+
+/// The atomics XDP executed since the QP was lent, oldest first (the
+/// snapshot's `atomics` and `n_atomics`; the rest is empty).
+pub fn atomics_of(st: &RespState) -> RespSnapshot {
+    let n = st.atomic_next as usize;
+    let keep = n.min(ATOMIC_RES);
+    let mut snap = RespSnapshot {
+        epsn: 0,
+        msn: 0,
+        write: None,
+        atomics: [(0, 0); ATOMIC_RES],
+        n_atomics: keep,
+    };
+    for (k, a) in snap.atomics[..keep].iter_mut().enumerate() {
+        let r = st.atomic_res[(n - keep + k) % ATOMIC_RES];
+        *a = (r.psn, r.orig);
+    }
+    snap
 }
 
 /// The ACK frame the engine would send on this QP's path, for PSN 0 and
