@@ -862,10 +862,14 @@ pub(crate) fn library_cases(quick: bool) -> Vec<Case> {
 /// ACKed by the XDP program, the ACKs leaving by `XDP_TX` across the
 /// bridge to rxe. rxe's counters must not move (no resend), and our XDP
 /// counters must show the placements. write_lat targets both sides;
-/// write_bw targets ours only as the server (rxe the client).
+/// write_bw targets ours only as the server (rxe the client), and so
+/// does atomic_lat, whose atomics our XDP program executes and answers.
 pub(crate) fn xdp_cases(quick: bool) -> Vec<Case> {
-    let mut rows: Vec<(&str, usize, bool)> =
-        vec![("write_lat", 2, true), ("write_bw", 65536, false)];
+    let mut rows: Vec<(&str, usize, bool)> = vec![
+        ("write_lat", 2, true),
+        ("write_bw", 65536, false),
+        ("atomic_lat", 8, false),
+    ];
     if !quick {
         rows.extend([
             ("write_lat", 2, false),
@@ -877,12 +881,21 @@ pub(crate) fn xdp_cases(quick: bool) -> Vec<Case> {
     rows.into_iter()
         .map(|(tool, s, rxe_server)| {
             let n = 200;
-            let mut c = perf_case("libibverbs+XDP: ", tool, "", Some(s), n, rxe_server);
+            let size = (tool != "atomic_lat").then_some(s);
+            let mut c = perf_case("libibverbs+XDP: ", tool, "", size, n, rxe_server);
+            let size_arg = size.map(|s| format!(" -s {s}")).unwrap_or_default();
             c.ours = library_ours(
-                &format!("env RDMA_XDP_STATS=1 RDMA_XDP_POOL=1 ib_{tool} -x 1 -s {s} -n {n}"),
+                &format!("env RDMA_XDP_STATS=1 RDMA_XDP_POOL=1 ib_{tool} -x 1{size_arg} -n {n}"),
                 rxe_server.then_some("10.99.0.2"),
             );
-            c.ours_ok = "#bytes".into();
+            // The passive side of atomic_lat prints no result (perftest's
+            // server), but the peer it exchanged keys with.
+            c.ours_ok = if c.ours_print_result {
+                "#bytes"
+            } else {
+                "remote address:"
+            }
+            .into();
             c.ours_xdp = true;
             c
         })

@@ -143,28 +143,54 @@ impl Drop for Inner {
         if let Ok(mut dp) = self.dp.lock() {
             flush(&mut dp);
         }
-        // RDMA_XDP_STATS=1: the counters on stderr at close (what
-        // `rdma-xdp stats` shows for a daemon), for a program's run.
-        if std::env::var_os("RDMA_XDP_STATS").is_some() {
-            if let Ok(dp) = self.dp.lock() {
-                eprintln!("rdma-xdp stats {}: {}", self.iface, dp.stats_json());
-            }
-            if let Some(Ok(m)) = self.attachment.as_ref().map(|a| a.xdp.stats_map()) {
-                let (placed_only, acked) = placed_and_acked(&m);
-                let placed = placed_only + acked;
-                eprintln!(
-                    "rdma-xdp xdp {}: {}",
-                    self.iface,
-                    serde_json::Value::Object(m)
-                );
-                if placed > 0 {
-                    eprintln!(
-                        "rdma-xdp: the XDP responder placed {placed} packets ({acked} ACKed by XDP_TX)"
-                    );
-                }
-            }
+        if stats_wanted() {
+            self.print_stats();
         }
         drop(self.attachment.take());
+    }
+}
+
+/// RDMA_XDP_STATS=1: the counters on stderr at close (what `rdma-xdp
+/// stats` shows for a daemon), for a program's run.
+fn stats_wanted() -> bool {
+    std::env::var_os("RDMA_XDP_STATS").is_some()
+}
+
+/// The contexts still open, for RDMA_XDP_STATS at exit: a program may
+/// exit without closing its device (perftest's passive read and atomic
+/// latency servers do), and its counters are wanted all the same.
+static OPEN: Mutex<Vec<std::sync::Weak<Inner>>> = Mutex::new(Vec::new());
+
+/// Prints the counters of every context still open (an `atexit` hook).
+extern "C" fn print_open_stats() {
+    let open: Vec<_> = match OPEN.lock() {
+        Ok(mut v) => v.drain(..).filter_map(|w| w.upgrade()).collect(),
+        Err(_) => return,
+    };
+    for inner in open {
+        inner.print_stats();
+    }
+}
+
+impl Inner {
+    fn print_stats(&self) {
+        if let Ok(dp) = self.dp.lock() {
+            eprintln!("rdma-xdp stats {}: {}", self.iface, dp.stats_json());
+        }
+        if let Some(Ok(m)) = self.attachment.as_ref().map(|a| a.xdp.stats_map()) {
+            let (placed_only, acked) = placed_and_acked(&m);
+            let placed = placed_only + acked;
+            eprintln!(
+                "rdma-xdp xdp {}: {}",
+                self.iface,
+                serde_json::Value::Object(m)
+            );
+            if placed > 0 {
+                eprintln!(
+                    "rdma-xdp: the XDP responder served {placed} packets ({acked} answered by XDP_TX)"
+                );
+            }
+        }
     }
 }
 
@@ -204,17 +230,28 @@ impl Context {
                 .spawn(move || shared_data_path_loop(dp, stop, adaptive, opts.cpu, opts.boost))
                 .map_err(|e| Error::Open(format!("start the data path thread: {e}")))?
         };
-        Ok(Context {
-            inner: Arc::new(Inner {
-                dp,
-                stop,
-                thread: Some(thread),
-                attachment: Some(attachment),
-                iface: iface.to_string(),
-                mac,
-                doorbell,
-            }),
-        })
+        let inner = Arc::new(Inner {
+            dp,
+            stop,
+            thread: Some(thread),
+            attachment: Some(attachment),
+            iface: iface.to_string(),
+            mac,
+            doorbell,
+        });
+        if stats_wanted() {
+            static HOOK: std::sync::Once = std::sync::Once::new();
+            // SAFETY: registers a plain function that takes no argument
+            // and touches only our own statics and live contexts.
+            HOOK.call_once(|| unsafe {
+                libc::atexit(print_open_stats);
+            });
+            if let Ok(mut v) = OPEN.lock() {
+                v.retain(|w| w.strong_count() > 0);
+                v.push(Arc::downgrade(&inner));
+            }
+        }
+        Ok(Context { inner })
     }
 
     pub fn iface(&self) -> &str {
