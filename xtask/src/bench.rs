@@ -83,6 +83,11 @@ pub(crate) fn bench(quick: bool) -> Result<()> {
             false,
         ));
     }
+    // Atomics executed by the XDP program (beside atomic-lat above).
+    jobs.push(j(
+        &format!("bench atomic-lat -s 8 -n {lat_n} --pool"),
+        false,
+    ));
     let n64k = bw_n.parse::<u64>()? / 20;
     jobs.push(j(
         &format!("bench write-bw -s 65536 -n {n64k} --adaptive"),
@@ -430,6 +435,12 @@ pub(crate) fn summary(r: &[Value]) -> String {
             "XDP responder / user path: write_lat 2 B",
             xtt(2),
             tt("write_lat", 2),
+            "-",
+        ),
+        (
+            "XDP responder / user path: atomic_lat 8 B (round trip)",
+            find_path(r, "atomic_lat", 8, "xdp", false).and_then(|v| v["t_typical_us"].as_f64()),
+            tt("atomic_lat", 8),
             "-",
         ),
         (
