@@ -188,15 +188,7 @@ fn serve(ctx: &XdpContext, st: &mut RespState, bth: &Bth, f: &Frame) -> Result<(
         req.rkey = reth.rkey();
         req.dma_len = reth.dma_len();
     }
-    let pad = bth.pad_count() as usize;
-    let body = f
-        .udp_len
-        .checked_sub(UdpHdr::LEN + Bth::LEN + f.ext_len + ICRC_LEN)
-        .ok_or(punt::MALFORMED)?;
-    if pad > body {
-        return Err(punt::MALFORMED);
-    }
-    req.plen = (body - pad) as u32;
+    req.plen = payload_len(bth, f)?;
     let rkey = fastpath::write_rkey(st, &req);
     let mr = POOL_MRS.get(rkey % POOL_MR_SLOTS);
     let place = fastpath::fast_write(st, &req, mr)?;
@@ -229,6 +221,21 @@ fn serve(ctx: &XdpContext, st: &mut RespState, bth: &Bth, f: &Frame) -> Result<(
     Ok(((v >> 32) as u32, v as u32))
 }
 
+/// The payload's length after the BTH, the extension headers and the
+/// pad (none of them fits: malformed).
+#[inline(always)]
+fn payload_len(bth: &Bth, f: &Frame) -> Result<u32, usize> {
+    let pad = bth.pad_count() as usize;
+    let body = f
+        .udp_len
+        .checked_sub(UdpHdr::LEN + Bth::LEN + f.ext_len + ICRC_LEN)
+        .ok_or(punt::MALFORMED)?;
+    if pad > body {
+        return Err(punt::MALFORMED);
+    }
+    Ok((body - pad) as u32)
+}
+
 /// The received ICRC, checked: `Err` with the punt reason if it is wrong
 /// (skipped only when the benchmark measures the check's cost).
 #[inline(always)]
@@ -257,14 +264,6 @@ fn serve_atomic(
     let a = ptr_at::<AtomicEth>(ctx, f.bth_off + Bth::LEN).ok_or(punt::MALFORMED)?;
     // SAFETY: bounds checked by `ptr_at`; AtomicEth has alignment 1.
     let a = unsafe { &*a };
-    let pad = bth.pad_count() as usize;
-    let body = f
-        .udp_len
-        .checked_sub(UdpHdr::LEN + Bth::LEN + f.ext_len + ICRC_LEN)
-        .ok_or(punt::MALFORMED)?;
-    if pad > body {
-        return Err(punt::MALFORMED);
-    }
     let req = AtomicReq {
         opcode: bth.opcode,
         pkey: bth.pkey(),
@@ -273,7 +272,7 @@ fn serve_atomic(
         rkey: a.rkey(),
         swap_add: a.swap_add(),
         compare: a.compare(),
-        plen: (body - pad) as u32,
+        plen: payload_len(bth, f)?,
     };
     let mr = POOL_MRS.get(req.rkey % POOL_MR_SLOTS);
     let off = fastpath::fast_atomic(st, &req, mr)?;

@@ -200,14 +200,7 @@ fn remote_access_errors_nak_and_leave_memory_untouched() {
                     opcode::RC_FETCH_ADD,
                     0x10,
                     true,
-                    |t| {
-                        t.atomic_eth = Some(AtomicEthRepr {
-                            va,
-                            rkey,
-                            swap_add: 1,
-                            compare: 0,
-                        })
-                    },
+                    atomic_eth(va, rkey, 1, 0),
                     b"",
                 )
             }),

@@ -450,14 +450,7 @@ fn atomics_xdp_executed_are_replayed_after_the_take_back() {
             opcode::RC_FETCH_ADD,
             psn,
             true,
-            |t| {
-                t.atomic_eth = Some(AtomicEthRepr {
-                    va,
-                    rkey,
-                    swap_add: 1,
-                    compare: 0,
-                })
-            },
+            atomic_eth(va, rkey, 1, 0),
             &[],
         );
         let mut frames = Vec::new();

@@ -131,6 +131,22 @@ pub fn reth(va: u64, rkey: u32, len: u32) -> impl FnOnce(&mut TransportRepr) {
     }
 }
 
+pub fn atomic_eth(
+    va: u64,
+    rkey: u32,
+    swap_add: u64,
+    compare: u64,
+) -> impl FnOnce(&mut TransportRepr) {
+    move |t| {
+        t.atomic_eth = Some(AtomicEthRepr {
+            va,
+            rkey,
+            swap_add,
+            compare,
+        })
+    }
+}
+
 pub fn none(_: &mut TransportRepr) {}
 
 pub fn aeth_of(t: &TransportRepr) -> (u8, u32) {
