@@ -747,6 +747,33 @@ fn library_ours(tool_args: &str, server: Option<&str>) -> Vec<String> {
     v
 }
 
+/// Our side of a perftest case (`c`, from [`perf_case`]) as Debian's
+/// `ib_TOOL` over the drop-in library: `{env}ib_{tool} -x 1 [-s S] -n N
+/// {args}`, with the server's address when rxe serves. It must print its
+/// result, or, as the passive side of read/atomic_lat (perftest's server
+/// prints none), the peer it exchanged keys with.
+fn library_perf(
+    mut c: Case,
+    env: &str,
+    tool: &str,
+    size: Option<usize>,
+    n: u32,
+    args: &str,
+) -> Case {
+    let size_arg = size.map(|s| format!(" -s {s}")).unwrap_or_default();
+    c.ours = library_ours(
+        &format!("{env}ib_{tool} -x 1{size_arg} -n {n}{args}"),
+        c.rxe_server.then_some("10.99.0.2"),
+    );
+    c.ours_ok = if c.ours_print_result {
+        "#bytes"
+    } else {
+        "remote address:"
+    }
+    .into();
+    c
+}
+
 /// A pingpong tool of ibverbs-utils (`tool ARGS`, with `-n n` among them)
 /// on both sides: rxe's in the VM, Debian's on ours over the library; both
 /// must report their n iterations.
@@ -829,24 +856,12 @@ pub(crate) fn library_cases(quick: bool) -> Vec<Case> {
                 if !extra.is_empty() {
                     c = c.with_rxe_flags(extra.trim());
                 }
-                let size_arg = size.map(|s| format!(" -s {s}")).unwrap_or_default();
                 let u = if c.rxe.contains("-u 18") {
                     " -u 18"
                 } else {
                     ""
                 };
-                c.ours = library_ours(
-                    &format!("ib_{tool} -x 1{size_arg} -n {n}{u}{extra}"),
-                    rxe_server.then_some("10.99.0.2"),
-                );
-                // The passive side of read/atomic_lat prints no result
-                // (perftest's server), but the peer it exchanged keys with.
-                c.ours_ok = if c.ours_print_result {
-                    "#bytes"
-                } else {
-                    "remote address:"
-                }
-                .into();
+                c = library_perf(c, "", tool, size, n, &format!("{u}{extra}"));
                 if extra.contains("-q 2") {
                     c.result = Some((s, 2 * n));
                 }
@@ -882,20 +897,14 @@ pub(crate) fn xdp_cases(quick: bool) -> Vec<Case> {
         .map(|(tool, s, rxe_server)| {
             let n = 200;
             let size = (tool != "atomic_lat").then_some(s);
-            let mut c = perf_case("libibverbs+XDP: ", tool, "", size, n, rxe_server);
-            let size_arg = size.map(|s| format!(" -s {s}")).unwrap_or_default();
-            c.ours = library_ours(
-                &format!("env RDMA_XDP_STATS=1 RDMA_XDP_POOL=1 ib_{tool} -x 1{size_arg} -n {n}"),
-                rxe_server.then_some("10.99.0.2"),
+            let mut c = library_perf(
+                perf_case("libibverbs+XDP: ", tool, "", size, n, rxe_server),
+                "env RDMA_XDP_STATS=1 RDMA_XDP_POOL=1 ",
+                tool,
+                size,
+                n,
+                "",
             );
-            // The passive side of atomic_lat prints no result (perftest's
-            // server), but the peer it exchanged keys with.
-            c.ours_ok = if c.ours_print_result {
-                "#bytes"
-            } else {
-                "remote address:"
-            }
-            .into();
             c.ours_xdp = true;
             c
         })
@@ -1130,13 +1139,8 @@ pub(crate) fn ud_cases(quick: bool) -> Vec<Case> {
     for rxe_server in [true, false] {
         for (tool, s) in [("send_lat", 2), ("send_lat", 1024), ("send_bw", 1024)] {
             let n = 20;
-            let mut c = perf_case("ud: ", tool, "", Some(s), n, rxe_server).with_rxe_flags("-c UD");
-            c.ours = library_ours(
-                &format!("ib_{tool} -x 1 -s {s} -n {n} -c UD"),
-                rxe_server.then_some("10.99.0.2"),
-            );
-            c.ours_ok = "#bytes".into();
-            v.push(c);
+            let c = perf_case("ud: ", tool, "", Some(s), n, rxe_server).with_rxe_flags("-c UD");
+            v.push(library_perf(c, "", tool, Some(s), n, " -c UD"));
         }
     }
     v
