@@ -24,7 +24,7 @@ use rdma_common::fastpath::{
     self, punt, AtomicReq, PoolMr, RespState, WriteReq, ACK_TMPL_LEN, ATOMIC_RES,
 };
 use rdma_common::mr_pool;
-use rdma_user::device::datapath::{ack_template, atomics_of};
+use rdma_user::device::datapath::{ack_template, snapshot_of};
 use rdma_user::transport::*;
 use rdma_user::wire::*;
 use sim::*;
@@ -60,14 +60,14 @@ fn lend(b: &Bench) -> Option<RespState> {
     Some(st)
 }
 
-/// What XDP's state says the engine's should be.
+/// What XDP's state says the engine's should be, as the engine's own
+/// `lendable_responder` reports it (which carries no atomics: the engine
+/// keeps its own in its resources).
 fn snapshot(st: &RespState) -> RespSnapshot {
     RespSnapshot {
-        epsn: st.epsn,
-        msn: st.msn,
-        write: (st.in_write != 0).then_some((st.w_rkey, st.w_va, st.w_total, st.w_offset)),
         atomics: [(0, 0); ATOMIC_RES],
         n_atomics: 0,
+        ..snapshot_of(st)
     }
 }
 
@@ -435,12 +435,7 @@ fn atomics_xdp_executed_are_replayed_after_the_take_back() {
         fastpath::commit_atomic(&mut st, &fetch_add(peer_psn + k as u32), orig);
     }
     // The take-back, as the data path does it.
-    let snap = RespSnapshot {
-        epsn: st.epsn,
-        msn: st.msn,
-        write: None,
-        ..atomics_of(&st)
-    };
+    let snap = snapshot_of(&st);
     assert_eq!(snap.n_atomics, 3);
     b.n.qp.restore_responder(&snap);
     let mem = b.n.mr().to_vec();

@@ -30,7 +30,7 @@ use crate::wire::{
 use rdma_common::OpFlags;
 
 mod fast;
-pub use fast::{ack_template, atomics_of, Fast};
+pub use fast::{ack_template, snapshot_of, Fast};
 
 /// Frames taken from a receive ring per turn.
 const RX_BATCH: u32 = 64;

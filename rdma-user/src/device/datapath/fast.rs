@@ -506,13 +506,7 @@ pub(super) fn take_back(fast: &Fast, slot: &mut QpSlot) {
     }
     // SAFETY: owner USER: XDP no longer touches the slot.
     let st = unsafe { &*fast.state(i) };
-    let snap = RespSnapshot {
-        epsn: st.epsn,
-        msn: st.msn,
-        write: (st.in_write != 0).then_some((st.w_rkey, st.w_va, st.w_total, st.w_offset)),
-        ..atomics_of(st)
-    };
-    slot.qp.restore_responder(&snap);
+    slot.qp.restore_responder(&snapshot_of(st));
     if let Some(RoceRepr {
         ip: IpRepr::V4(ip), ..
     }) = &mut slot.net
@@ -526,23 +520,24 @@ pub(super) fn take_back(fast: &Fast, slot: &mut QpSlot) {
 // XDP keeps as many atomics for replay as the engine's resources hold.
 const _: () = assert!(ATOMIC_RES == crate::transport::MAX_RD_ATOMIC as usize);
 
-/// The atomics XDP executed since the QP was lent, oldest first (the
-/// snapshot's `atomics` and `n_atomics`; the rest is empty).
-pub fn atomics_of(st: &RespState) -> RespSnapshot {
+/// What XDP's state says the engine's responder now is: the expected PSN,
+/// the MSN, the WRITE in progress, and the atomics XDP executed since the
+/// QP was lent, oldest first (at most the last [`ATOMIC_RES`]).
+pub fn snapshot_of(st: &RespState) -> RespSnapshot {
     let n = st.atomic_next as usize;
     let keep = n.min(ATOMIC_RES);
-    let mut snap = RespSnapshot {
-        epsn: 0,
-        msn: 0,
-        write: None,
-        atomics: [(0, 0); ATOMIC_RES],
-        n_atomics: keep,
-    };
-    for (k, a) in snap.atomics[..keep].iter_mut().enumerate() {
+    let mut atomics = [(0, 0); ATOMIC_RES];
+    for (k, a) in atomics[..keep].iter_mut().enumerate() {
         let r = st.atomic_res[(n - keep + k) % ATOMIC_RES];
         *a = (r.psn, r.orig);
     }
-    snap
+    RespSnapshot {
+        epsn: st.epsn,
+        msn: st.msn,
+        write: (st.in_write != 0).then_some((st.w_rkey, st.w_va, st.w_total, st.w_offset)),
+        atomics,
+        n_atomics: keep,
+    }
 }
 
 /// The ACK frame the engine would send on this QP's path, for PSN 0 and
