@@ -306,19 +306,18 @@ const FETCH_ADD_TRIES: u32 = 16;
 /// `p` must be valid and 8-byte aligned.
 #[inline(always)]
 unsafe fn atomic_op(p: *mut u64, req: &AtomicReq) -> Option<u64> {
+    if req.opcode == opcode::RC_COMPARE_SWAP {
+        // Done whether it swapped or not: the value found is its answer.
+        // SAFETY: the caller's.
+        return Some(unsafe { cas(p, req.compare, req.swap_add) }.0);
+    }
     let mut tries = 0;
     while tries < FETCH_ADD_TRIES {
         // SAFETY: the caller's.
         let old = unsafe { core::ptr::read_volatile(p) };
-        let (expect, new) = if req.opcode == opcode::RC_COMPARE_SWAP {
-            (req.compare, req.swap_add)
-        } else {
-            (old, old.wrapping_add(req.swap_add))
-        };
         // SAFETY: the caller's.
-        let (found, swapped) = unsafe { cas(p, expect, new) };
-        // CMP_SWAP is done either way: the value found is its answer.
-        if swapped || req.opcode == opcode::RC_COMPARE_SWAP {
+        let (found, swapped) = unsafe { cas(p, old, old.wrapping_add(req.swap_add)) };
+        if swapped {
             return Some(found);
         }
         tries += 1;
