@@ -1,12 +1,14 @@
 //! The XDP responder's fast path (issue 20): in-order RDMA WRITEs into
-//! MRs of the MR pool, placed and ACKed by the XDP program itself, and
+//! MRs of the MR pool, placed and ACKed by the XDP program itself;
 //! in-order atomics (FETCH_ADD, CMP_SWAP) on them, done with BPF atomics
-//! and answered with the atomic ACK.
+//! and answered with the atomic ACK; and in-order single-packet READs
+//! from them, answered with READ_RESPONSE_ONLY when the response fits
+//! the frame.
 //!
 //! Everything here is shared by the XDP program and user space, so that
 //! the decision the program takes is the one the tests check against the
-//! engine (`rdma-user/src/transport/responder.rs`): [`fast_write`] and
-//! [`fast_atomic`] run the responder's checks for the cases the program
+//! engine (`rdma-user/src/transport/responder.rs`): [`fast_write`],
+//! [`fast_atomic`] and [`fast_read`] run the responder's checks for the cases the program
 //! serves, in the engine's order, and can only say "place" or "punt, for this reason".
 //! It never NAKs: every case the engine would answer otherwise is punted
 //! to user space, where the engine decides.
@@ -32,8 +34,8 @@ pub mod owner {
 
 /// Why XDP left a request to user space (per QP in [`RespState::punts`]).
 pub mod punt {
-    /// Neither a WRITE without immediate nor an atomic (SEND, READ,
-    /// WRITE with immediate, reserved...).
+    /// Not a WRITE without immediate, an atomic or a READ (SEND, WRITE
+    /// with immediate, reserved...).
     pub const NOT_WRITE: usize = 0;
     /// The P_Key does not match the QP's.
     pub const PKEY: usize = 1;
@@ -56,7 +58,8 @@ pub mod punt {
     pub const ICRC: usize = 8;
     /// The source is not the connected peer.
     pub const SOURCE: usize = 9;
-    /// A payload larger than a page (no MTU allows it).
+    /// A payload larger than a page (no MTU allows it), or a READ of
+    /// more than one packet.
     pub const TOO_LONG: usize = 10;
     /// The ACK could not be sent by XDP_TX (the frame did not shrink).
     pub const TX: usize = 11;
@@ -66,7 +69,10 @@ pub mod punt {
     /// A FETCH_ADD lost its compare-and-swap races to the application's
     /// own atomics on the same 8 bytes (nothing was changed).
     pub const CONTENDED: usize = 13;
-    pub const COUNT: usize = 14;
+    /// A READ's response is longer than the frame can grow to (its
+    /// tailroom): nothing was changed.
+    pub const NO_ROOM: usize = 14;
+    pub const COUNT: usize = 15;
 
     pub const NAMES: [&str; COUNT] = [
         "not_write",
@@ -83,6 +89,7 @@ pub mod punt {
         "tx",
         "ce",
         "contended",
+        "no_room",
     ];
 }
 
@@ -98,17 +105,21 @@ pub const RESP_SLOTS: u32 = 256;
 /// Slots of `POOL_MRS`, indexed by an R_Key's low bits.
 pub const POOL_MR_SLOTS: u32 = 1024;
 
-/// Atomics XDP remembers for replay: as many as the engine's ring of
-/// READ/atomic resources (`MAX_RD_ATOMIC`), a power of two.
-pub const ATOMIC_RES: usize = 16;
+/// READs and atomics XDP remembers for duplicates: as many as the
+/// engine's ring of READ/atomic resources (`MAX_RD_ATOMIC`), a power of
+/// two.
+pub const RD_ATOMIC_RES: usize = 16;
 
-/// An atomic XDP executed: its PSN and the value it found, which a
-/// duplicate of it must get again (never a second execution).
+/// A READ or an atomic XDP executed (rxe's `resp_res`): its PSN and, for
+/// an atomic, the value it found, which a duplicate must get again (never
+/// a second execution). A duplicate READ is executed again; the entry
+/// says that it was a READ of one packet.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
-pub struct AtomicRes {
+pub struct RdAtomicRes {
     pub psn: u32,
-    pub _pad: u32,
+    /// 1: a READ; 0: an atomic.
+    pub read: u32,
     pub orig: u64,
 }
 
@@ -165,13 +176,16 @@ pub struct RespState {
     pub punts: [u64; punt::COUNT],
     /// Atomics executed.
     pub atomics: u64,
-    /// Atomics executed since user space lent the QP (it sets 0): the
-    /// last [`ATOMIC_RES`] are in `atomic_res`, at `n % ATOMIC_RES`. User
-    /// space replays them into the engine's resources when it takes the
+    /// READs answered.
+    pub reads: u64,
+    pub read_bytes: u64,
+    /// READs and atomics executed since user space lent the QP (it sets
+    /// 0): the last [`RD_ATOMIC_RES`] are in `res`, at `n % RD_ATOMIC_RES`.
+    /// User space puts them into the engine's resources when it takes the
     /// QP back.
-    pub atomic_next: u32,
+    pub res_next: u32,
     pub _pad2: u32,
-    pub atomic_res: [AtomicRes; ATOMIC_RES],
+    pub res: [RdAtomicRes; RD_ATOMIC_RES],
 }
 
 impl Default for RespState {
@@ -201,6 +215,8 @@ pub struct PoolMr {
 
 /// `IBV_ACCESS_REMOTE_WRITE`.
 pub const ACCESS_REMOTE_WRITE: u32 = 2;
+/// `IBV_ACCESS_REMOTE_READ`.
+pub const ACCESS_REMOTE_READ: u32 = 4;
 /// `IBV_ACCESS_REMOTE_ATOMIC`.
 pub const ACCESS_REMOTE_ATOMIC: u32 = 8;
 
@@ -475,16 +491,92 @@ pub fn fast_atomic(st: &RespState, p: &AtomicReq, mr: Option<&PoolMr>) -> Result
 /// engine's updates: next PSN, next MSN, the result kept for replay).
 #[inline(always)]
 pub fn commit_atomic(st: &mut RespState, p: &AtomicReq, orig: u64) {
-    st.epsn = p.psn.wrapping_add(1) & PSN_MASK;
+    save_res(st, p.psn, false, orig);
+    st.atomics += 1;
+}
+
+/// One PSN and one message more, and the request in the resources.
+#[inline(always)]
+fn save_res(st: &mut RespState, psn: u32, read: bool, orig: u64) {
+    st.epsn = psn.wrapping_add(1) & PSN_MASK;
     st.msn = st.msn.wrapping_add(1) & PSN_MASK;
-    let i = st.atomic_next as usize & (ATOMIC_RES - 1);
-    st.atomic_res[i] = AtomicRes {
-        psn: p.psn,
-        _pad: 0,
+    let i = st.res_next as usize & (RD_ATOMIC_RES - 1);
+    st.res[i] = RdAtomicRes {
+        psn,
+        read: read as u32,
         orig,
     };
-    st.atomic_next = st.atomic_next.wrapping_add(1);
-    st.atomics += 1;
+    st.res_next = st.res_next.wrapping_add(1);
+}
+
+/// The fields of an RC READ request the fast path decides on, host
+/// order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadReq {
+    pub pkey: u16,
+    pub psn: u32,
+    /// The RETH.
+    pub va: u64,
+    pub rkey: u32,
+    pub dma_len: u32,
+    /// Bytes after the RETH, the pad excluded (a READ request has none).
+    pub plen: u32,
+}
+
+/// The responder's checks for one in-order READ request (the table in
+/// `transport/responder.rs`: rows 11-13, 17, then 22-23 and 26 as the
+/// engine runs them), for a QP whose state is `st`; `mr` is the pool MR
+/// at the R_Key's slot, if any. Only READs of one response packet are
+/// served. `Ok`: the pool offset of the first byte to send (0 for a READ
+/// of nothing). The limit on outstanding READ/atomic responses never
+/// binds: a QP is lent only with none, and XDP answers at once.
+#[inline(always)]
+pub fn fast_read(st: &RespState, p: &ReadReq, mr: Option<&PoolMr>) -> Result<u64, usize> {
+    if !pkey_matches(st.pkey as u16, p.pkey) {
+        return Err(punt::PKEY);
+    }
+    if p.psn != st.epsn {
+        return Err(punt::PSN);
+    }
+    if st.in_write != 0 {
+        return Err(punt::SEQUENCE);
+    }
+    if p.plen != 0 {
+        return Err(punt::LENGTH);
+    }
+    if p.dma_len > st.mtu || p.dma_len as usize > crate::mr_pool::PAGE {
+        return Err(punt::TOO_LONG);
+    }
+    if p.dma_len == 0 {
+        // The engine checks neither key nor access for a READ of nothing.
+        return Ok(0);
+    }
+    if st.qp_access & ACCESS_REMOTE_READ == 0 {
+        return Err(punt::ACCESS);
+    }
+    resolve(
+        mr,
+        p.rkey,
+        st.pd,
+        p.va,
+        p.dma_len as u64,
+        ACCESS_REMOTE_READ,
+    )
+}
+
+/// The state after READ `p` was answered (the engine's updates: next
+/// PSN, next MSN, the READ in the resources for its duplicates).
+#[inline(always)]
+pub fn commit_read(st: &mut RespState, p: &ReadReq) {
+    save_res(st, p.psn, true, 0);
+    st.reads += 1;
+    st.read_bytes += p.dma_len as u64;
+}
+
+/// The pad after `len` payload bytes (to a multiple of 4).
+#[inline(always)]
+pub fn pad_for(len: u32) -> u32 {
+    len.wrapping_neg() & 3
 }
 
 /// What an atomic does to the 8 bytes it found (`old`): the new value.
@@ -641,32 +733,25 @@ pub fn build_resp(
     atomic_orig: Option<u64>,
     out: &mut [u8; ACK_TMPL_LEN],
 ) -> usize {
-    let l3 = st.ack_l3 as usize;
-    let ipv4 = st.ack_ipv4 != 0;
-    let ihl = if ipv4 { Ipv4Hdr::LEN } else { 40 };
-    let bth = l3 + ihl + UdpHdr::LEN;
-    // The template is the engine's: headers, BTH, AETH, ICRC.
-    if !ack_template_ok(st) {
-        return 0;
-    }
-    *out = st.ack;
     let ext = if atomic_orig.is_some() {
         AtomicAckEth::LEN
     } else {
         0
     };
+    let opc = if atomic_orig.is_some() {
+        opcode::RC_ATOMIC_ACKNOWLEDGE
+    } else {
+        opcode::RC_ACKNOWLEDGE
+    };
+    let bth = head(st, psn, opc, ext as u32, 0, out);
+    if bth == 0 {
+        return 0;
+    }
+    let ipv4 = st.ack_ipv4 != 0;
+    let l3 = st.ack_l3 as usize;
+    let ihl = if ipv4 { Ipv4Hdr::LEN } else { 40 };
     let len = st.ack_len as usize + ext;
     if let Some(orig) = atomic_orig {
-        out[bth & M] = opcode::RC_ATOMIC_ACKNOWLEDGE;
-        // IPv4 total length (bytes 2-3) or IPv6 payload length (4-5),
-        // and the UDP length: each 8 bytes more.
-        let ip_len_at = if ipv4 { l3 + 2 } else { l3 + 4 };
-        for at in [ip_len_at, l3 + ihl + 4] {
-            let v = (((out[at & M] as u16) << 8) | out[(at + 1) & M] as u16)
-                .wrapping_add(AtomicAckEth::LEN as u16);
-            out[at & M] = (v >> 8) as u8;
-            out[(at + 1) & M] = v as u8;
-        }
         let b = orig.to_be_bytes();
         let mut i = 0;
         while i < 8 {
@@ -674,30 +759,6 @@ pub fn build_resp(
             i += 1;
         }
     }
-    if ipv4 {
-        st.ip_id = st.ip_id.wrapping_add(1) & 0xffff;
-        out[(l3 + 4) & M] = (st.ip_id >> 8) as u8;
-        out[(l3 + 5) & M] = st.ip_id as u8;
-        let mut sum = 0u32;
-        let mut i = 0;
-        while i < 20 {
-            if i != 10 {
-                sum += ((out[(l3 + i) & M] as u32) << 8) | out[(l3 + i + 1) & M] as u32;
-            }
-            i += 2;
-        }
-        sum = (sum & 0xffff) + (sum >> 16);
-        sum = (sum & 0xffff) + (sum >> 16);
-        let c = !(sum as u16);
-        out[(l3 + 10) & M] = (c >> 8) as u8;
-        out[(l3 + 11) & M] = c as u8;
-    }
-    out[(bth + 9) & M] = (psn >> 16) as u8;
-    out[(bth + 10) & M] = (psn >> 8) as u8;
-    out[(bth + 11) & M] = psn as u8;
-    out[(bth + 13) & M] = (st.msn >> 16) as u8;
-    out[(bth + 14) & M] = (st.msn >> 8) as u8;
-    out[(bth + 15) & M] = st.msn as u8;
     // ICRC: the masked prefix (64 bits of ones, IP, UDP, BTH), then the
     // AETH.
     let n = 8 + ihl + UdpHdr::LEN + 12;
@@ -725,4 +786,95 @@ pub fn build_resp(
     out[(len - 1) & M] = (crc >> 24) as u8;
     st.acks += 1;
     len
+}
+
+/// The headers of READ_RESPONSE_ONLY for `psn` carrying `len` bytes (the
+/// engine's frame up to its AETH), from the state's ACK template: the
+/// payload, its pad and the ICRC follow at the returned offset, in a
+/// frame of that offset + `len` + [`pad_for`]`(len)` + 4 bytes. 0 if the
+/// template is unusable.
+#[inline(always)]
+pub fn build_read_head(
+    st: &mut RespState,
+    psn: u32,
+    len: u32,
+    out: &mut [u8; ACK_TMPL_LEN],
+) -> usize {
+    let pad = pad_for(len);
+    let bth = head(
+        st,
+        psn,
+        opcode::RC_RDMA_READ_RESPONSE_ONLY,
+        len + pad,
+        pad as u8,
+        out,
+    );
+    if bth == 0 {
+        return 0;
+    }
+    bth + 12 + 4
+}
+
+/// The template into `out` as a response of `opc` to `psn` with `more`
+/// bytes after the AETH (`pad` of them the pad): opcode, pad count, the
+/// IP and UDP lengths, the IPv4 ID (incremented, as the engine does per
+/// frame) and checksum, the PSN and the MSN. The BTH's offset, or 0 if the
+/// template is unusable.
+#[inline(always)]
+fn head(
+    st: &mut RespState,
+    psn: u32,
+    opc: u8,
+    more: u32,
+    pad: u8,
+    out: &mut [u8; ACK_TMPL_LEN],
+) -> usize {
+    let l3 = st.ack_l3 as usize;
+    let ipv4 = st.ack_ipv4 != 0;
+    let ihl = if ipv4 { Ipv4Hdr::LEN } else { 40 };
+    let bth = l3 + ihl + UdpHdr::LEN;
+    // The template is the engine's: headers, BTH, AETH, ICRC.
+    if !ack_template_ok(st) {
+        return 0;
+    }
+    *out = st.ack;
+    out[bth & M] = opc;
+    // SE, M, pad count (bits 5-4), TVer.
+    out[(bth + 1) & M] = (out[(bth + 1) & M] & !0x30) | ((pad & 3) << 4);
+    if more != 0 {
+        // IPv4 total length (bytes 2-3) or IPv6 payload length (4-5),
+        // and the UDP length: each `more` bytes more.
+        let ip_len_at = if ipv4 { l3 + 2 } else { l3 + 4 };
+        for at in [ip_len_at, l3 + ihl + 4] {
+            let v =
+                (((out[at & M] as u16) << 8) | out[(at + 1) & M] as u16).wrapping_add(more as u16);
+            out[at & M] = (v >> 8) as u8;
+            out[(at + 1) & M] = v as u8;
+        }
+    }
+    if ipv4 {
+        st.ip_id = st.ip_id.wrapping_add(1) & 0xffff;
+        out[(l3 + 4) & M] = (st.ip_id >> 8) as u8;
+        out[(l3 + 5) & M] = st.ip_id as u8;
+        let mut sum = 0u32;
+        let mut i = 0;
+        while i < 20 {
+            if i != 10 {
+                sum += ((out[(l3 + i) & M] as u32) << 8) | out[(l3 + i + 1) & M] as u32;
+            }
+            i += 2;
+        }
+        sum = (sum & 0xffff) + (sum >> 16);
+        sum = (sum & 0xffff) + (sum >> 16);
+        let c = !(sum as u16);
+        out[(l3 + 10) & M] = (c >> 8) as u8;
+        out[(l3 + 11) & M] = c as u8;
+    }
+    out[(bth + 9) & M] = (psn >> 16) as u8;
+    out[(bth + 10) & M] = (psn >> 8) as u8;
+    out[(bth + 11) & M] = psn as u8;
+    out[(bth + 13) & M] = (st.msn >> 16) as u8;
+    out[(bth + 14) & M] = (st.msn >> 8) as u8;
+    out[(bth + 15) & M] = st.msn as u8;
+    bth
 }

@@ -682,7 +682,9 @@ pub mod stat {
     /// A request to a QP lent to XDP that XDP left to user space (the
     /// per-QP counters say why); it was redirected.
     pub const XDP_PUNTED: u32 = 12;
-    pub const COUNT: u32 = 13;
+    /// A READ answered by XDP with READ_RESPONSE_ONLY by XDP_TX.
+    pub const XDP_READ: u32 = 13;
+    pub const COUNT: u32 = 14;
 
     pub const NAMES: [&str; COUNT as usize] = [
         "redirect",
@@ -698,6 +700,7 @@ pub mod stat {
         "xdp_placed",
         "xdp_acked",
         "xdp_punted",
+        "xdp_read",
     ];
 }
 

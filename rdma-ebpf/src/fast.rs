@@ -1,7 +1,9 @@
 //! The XDP responder (issue 20): in-order RDMA WRITEs to a QP lent to
-//! XDP, into an MR of the pool, are placed and ACKed here, and in-order
+//! XDP, into an MR of the pool, are placed and ACKed here; in-order
 //! atomics on such an MR are done with BPF atomics and answered with the
-//! atomic ACK; anything else goes to user space with the QP handed back.
+//! atomic ACK; in-order READs of one packet from such an MR are answered
+//! with READ_RESPONSE_ONLY when the frame can grow to it. Anything else
+//! goes to user space with the QP handed back.
 //!
 //! The decisions are `rdma_common::fastpath`'s (shared with, and tested
 //! against, the engine); this file only reads the frame, copies, and
@@ -18,8 +20,8 @@ use aya_ebpf::{
 };
 use rdma_common::{
     fastpath::{
-        self, owner, punt, AtomicReq, PoolMr, RespState, WriteReq, ACK_TMPL_LEN, POOL_MR_SLOTS,
-        RESP_SLOTS,
+        self, owner, punt, AtomicReq, PoolMr, ReadReq, RespState, WriteReq, ACK_TMPL_LEN,
+        POOL_MR_SLOTS, RESP_SLOTS,
     },
     mr_pool, opcode, stat, AtomicEth, Bth, Reth, UdpHdr, ICRC_LEN,
 };
@@ -154,7 +156,8 @@ fn give(own: *mut u64, to: u64) {
 #[inline(always)]
 fn serve(ctx: &XdpContext, st: &mut RespState, bth: &Bth, f: &Frame) -> Result<(u32, u32), usize> {
     let atomic = fastpath::is_fast_atomic(bth.opcode);
-    if !atomic && !fastpath::is_fast_write(bth.opcode) {
+    let read = bth.opcode == opcode::RC_RDMA_READ_REQUEST;
+    if !atomic && !read && !fastpath::is_fast_write(bth.opcode) {
         return Err(punt::NOT_WRITE);
     }
     if f.ip_options {
@@ -166,8 +169,16 @@ fn serve(ctx: &XdpContext, st: &mut RespState, bth: &Bth, f: &Frame) -> Result<(
     if f.src_gid != st.peer_gid || f.src_port as u32 != st.peer_sport {
         return Err(punt::SOURCE);
     }
+    // The ICRC before the opcode's own checks, at this one call: the
+    // verifier walks the CRC code once per path that reaches a call of
+    // it, and few paths reach this one. (A packet both corrupt and, say,
+    // out of order is punted for its ICRC; user space checks it again.)
+    icrc_ok(ctx, f)?;
     if atomic {
         return serve_atomic(ctx, st, bth, f);
+    }
+    if read {
+        return serve_read(ctx, st, bth, f);
     }
     let first = matches!(
         bth.opcode,
@@ -195,7 +206,6 @@ fn serve(ctx: &XdpContext, st: &mut RespState, bth: &Bth, f: &Frame) -> Result<(
     if place.ack && !fastpath::ack_template_ok(st) {
         return Err(punt::TX);
     }
-    icrc_ok(ctx, f)?;
     let len = place.len as usize;
     if len > 0 {
         if len > mr_pool::PAGE {
@@ -242,7 +252,7 @@ fn payload_len(bth: &Bth, f: &Frame) -> Result<u32, usize> {
 fn icrc_ok(ctx: &XdpContext, f: &Frame) -> Result<(), usize> {
     let bench_no_icrc = crate::CONFIG.get(0).is_some_and(|c| c.bench_no_icrc != 0);
     if !bench_no_icrc {
-        match check_icrc(ctx, f) {
+        match icrc(ctx, f.l3 as u64, f.ipv4 as u64, f.udp_len as u64, 0) {
             0 => {}
             r => return Err(r as usize - 1),
         }
@@ -279,7 +289,6 @@ fn serve_atomic(
     if !fastpath::ack_template_ok(st) {
         return Err(punt::TX);
     }
-    icrc_ok(ctx, f)?;
     let pool = MR_POOL.get_ptr_mut(0).ok_or(punt::NOT_POOL)? as *mut u8;
     // `fast_atomic` checked the 8 bytes inside the MR, the MR inside the
     // pool, and the offset 8-byte aligned: the masks change no such value
@@ -291,6 +300,119 @@ fn serve_atomic(
     fastpath::commit_atomic(st, &req, orig);
     let v = send_ack(ctx, st, req.psn as u64 | ATOMIC_ACK, orig, f.frame_len);
     Ok(((v >> 32) as u32, v as u32))
+}
+
+/// An in-order READ of one packet from a pool MR: the engine's checks
+/// (`fastpath::fast_read`), then the frame becomes the READ_RESPONSE_ONLY
+/// (`send_read`), if it can grow to it: the kernel gave the frame some
+/// tailroom, and a response longer than that goes to user space with
+/// nothing changed.
+#[inline(always)]
+fn serve_read(
+    ctx: &XdpContext,
+    st: &mut RespState,
+    bth: &Bth,
+    f: &Frame,
+) -> Result<(u32, u32), usize> {
+    let reth = ptr_at::<Reth>(ctx, f.bth_off + Bth::LEN).ok_or(punt::MALFORMED)?;
+    // SAFETY: bounds checked by `ptr_at`; Reth has alignment 1.
+    let reth = unsafe { &*reth };
+    let req = ReadReq {
+        pkey: bth.pkey(),
+        psn: bth.psn(),
+        va: reth.va(),
+        rkey: reth.rkey(),
+        dma_len: reth.dma_len(),
+        plen: payload_len(bth, f)?,
+    };
+    let mr = POOL_MRS.get(req.rkey % POOL_MR_SLOTS);
+    let off = fastpath::fast_read(st, &req, mr)?;
+    if !fastpath::ack_template_ok(st) {
+        return Err(punt::TX);
+    }
+    let len = req.dma_len;
+    let n = st.ack_len as usize + (len + fastpath::pad_for(len)) as usize;
+    let delta = n as i32 - f.frame_len as i32;
+    // SAFETY: the helper only changes the frame the kernel handed us; on
+    // failure it changes nothing.
+    if delta != 0 && unsafe { bpf_xdp_adjust_tail(ctx.ctx, delta) } != 0 {
+        return Err(punt::NO_ROOM);
+    }
+    // From here on the request is answered: a failure below loses the
+    // response, as the wire could, and the duplicate READ the requester
+    // sends is executed again by the engine (the READ is in the
+    // resources it takes back).
+    fastpath::commit_read(st, &req);
+    let v = send_read(ctx, st, req.psn as u64, off, len as u64);
+    let (verdict, counter) = ((v >> 32) as u32, v as u32);
+    if verdict != xdp_action::XDP_TX {
+        return Ok((verdict, counter));
+    }
+    // The ICRC last, over the frame as sent; called from here, not from
+    // `send_read`, so that the CRC's stack does not add to its frame.
+    let l3 = st.ack_l3 as u64;
+    let ipv4 = st.ack_ipv4 as u64 & 1;
+    let ihl = if ipv4 != 0 { 20 } else { 40 };
+    let udp_len = n as u64 - l3 - ihl;
+    if icrc(ctx, l3, ipv4, udp_len, 1) != 0 {
+        st.punts[punt::TX] += 1;
+        return Ok((xdp_action::XDP_DROP, stat::XDP_READ));
+    }
+    Ok((verdict, counter))
+}
+
+/// Writes the READ_RESPONSE_ONLY of `psn` carrying `len` bytes from pool
+/// offset `off` into the frame (already `len` + pad + the ACK's length
+/// long), all but its ICRC. Not inlined, scalars only (as `send_ack`).
+/// The verdict (XDP_TX: ready but for the ICRC) in the high half, the
+/// counter in the low one.
+#[inline(never)]
+fn send_read(ctx: &XdpContext, st: &mut RespState, psn: u64, off: u64, len: u64) -> u64 {
+    let (v, c) = read_frame(ctx, st, psn as u32, off, len as u32);
+    ((v as u64) << 32) | c as u64
+}
+
+#[inline(always)]
+fn read_frame(ctx: &XdpContext, st: &mut RespState, psn: u32, off: u64, len: u32) -> (u32, u32) {
+    let lost = (xdp_action::XDP_DROP, stat::XDP_READ);
+    let Some(out) = ACK_OUT.get_ptr_mut(0) else {
+        st.punts[punt::TX] += 1;
+        return lost;
+    };
+    // SAFETY: this CPU's value (see `ack_frame`).
+    let out = unsafe { &mut *out };
+    let head = fastpath::build_read_head(st, psn, len, out);
+    let Some(pool) = MR_POOL.get_ptr_mut(0) else {
+        st.punts[punt::TX] += 1;
+        return lost;
+    };
+    let pool = pool as *const u8;
+    if head == 0 || head > ACK_TMPL_LEN || len as usize > mr_pool::PAGE {
+        st.punts[punt::TX] += 1;
+        return lost;
+    }
+    let pad = fastpath::pad_for(len);
+    let at = head + len as usize;
+    let zeros = [0u8; 4];
+    // The real bounds check was `fast_read`'s; the mask changes no offset
+    // that passed it and shows the verifier off + len <= the value's size.
+    let off = (off & mr_pool::MASK) as usize;
+    // SAFETY: the helpers write only into the frame the kernel handed us
+    // (grown to head + len + pad + 4 by the caller); they read our
+    // buffer, the pool value (off < BYTES, len <= PAGE = SLACK: inside
+    // it) and the zeros.
+    let ok = unsafe {
+        bpf_xdp_store_bytes(ctx.ctx, 0, out.as_mut_ptr().cast(), head as u32) == 0
+            && (len == 0
+                || bpf_xdp_store_bytes(ctx.ctx, head as u32, pool.add(off) as *mut _, len) == 0)
+            && (pad == 0
+                || bpf_xdp_store_bytes(ctx.ctx, at as u32, zeros.as_ptr() as *mut _, pad) == 0)
+    };
+    if !ok {
+        st.punts[punt::TX] += 1;
+        return lost;
+    }
+    (xdp_action::XDP_TX, stat::XDP_READ)
 }
 
 /// Compare-and-swap tries of a FETCH_ADD before it goes to user space:
@@ -436,22 +558,32 @@ struct CrcWalk {
     _pad: u32,
 }
 
-/// Checks the received ICRC, as the engine does before it uses a packet
-/// (rxe does the same). Not inlined: its stack adds to the caller's only
-/// while it runs. A scalar result (0, or the punt reason plus one): a BPF
+/// The ICRC of the frame whose IP header is at `l3` (IPv4 if `ipv4` is
+/// 1, else IPv6) and whose UDP datagram is `udp_len` bytes: with `store`
+/// 0, checked against the one the frame carries, as the engine checks it
+/// before it uses a packet (rxe does the same); with `store` 1, written
+/// into the frame's last four bytes (a response XDP built). Not inlined:
+/// one copy for both uses, and its stack adds to the caller's only while
+/// it runs. A scalar result (0, or the punt reason plus one): a BPF
 /// function must not leave a stack pointer in R0, as Rust's `Result`
 /// returns can.
 #[inline(never)]
-fn check_icrc(ctx: &XdpContext, f: &Frame) -> u32 {
-    match icrc_walk(ctx, f) {
+fn icrc(ctx: &XdpContext, l3: u64, ipv4: u64, udp_len: u64, store: u64) -> u32 {
+    match icrc_walk(ctx, l3 as usize, ipv4 != 0, udp_len as usize, store != 0) {
         Ok(()) => 0,
         Err(r) => r as u32 + 1,
     }
 }
 
 #[inline(always)]
-fn icrc_walk(ctx: &XdpContext, f: &Frame) -> Result<(), usize> {
-    let hl = if f.ipv4 { 20 } else { 40 } + UdpHdr::LEN + Bth::LEN;
+fn icrc_walk(
+    ctx: &XdpContext,
+    l3: usize,
+    ipv4: bool,
+    udp_len: usize,
+    store: bool,
+) -> Result<(), usize> {
+    let hl = if ipv4 { 20 } else { 40 } + UdpHdr::LEN + Bth::LEN;
     // The headers, masked: IP, UDP and BTH after 64 bits of ones, in an
     // 8-byte-aligned buffer hashed a word at a time.
     let mut pre = [0u64; 9];
@@ -459,10 +591,10 @@ fn icrc_walk(ctx: &XdpContext, f: &Frame) -> Result<(), usize> {
     // SAFETY: the helper copies 40 or 60 bytes of the frame (its headers,
     // checked present by the classifier) to bytes 8.. of our 72.
     let r = unsafe {
-        if f.ipv4 {
-            bpf_xdp_load_bytes(ctx.ctx, f.l3 as u32, p.add(8).cast(), 40)
+        if ipv4 {
+            bpf_xdp_load_bytes(ctx.ctx, l3 as u32, p.add(8).cast(), 40)
         } else {
-            bpf_xdp_load_bytes(ctx.ctx, f.l3 as u32, p.add(8).cast(), 60)
+            bpf_xdp_load_bytes(ctx.ctx, l3 as u32, p.add(8).cast(), 60)
         }
     };
     if r != 0 {
@@ -472,7 +604,7 @@ fn icrc_walk(ctx: &XdpContext, f: &Frame) -> Result<(), usize> {
     // Read as a plain byte: LLVM takes a bool for 0 or 1 and would drop
     // the mask, which the verifier needs to bound the table index.
     // SAFETY: reading a field of a live struct.
-    let v4 = unsafe { core::ptr::read_volatile(core::ptr::addr_of!(f.ipv4) as *const u8) };
+    let v4 = unsafe { core::ptr::read_volatile(core::ptr::addr_of!(ipv4) as *const u8) };
     let base = ((v4 & 1) as usize) << 7;
     let mut i = 0;
     while i < 60 {
@@ -499,8 +631,10 @@ fn icrc_walk(ctx: &XdpContext, f: &Frame) -> Result<(), usize> {
         }
     }
     // The rest, up to the ICRC.
-    let start = f.l3 + hl;
-    let len = f.udp_len - UdpHdr::LEN - Bth::LEN - ICRC_LEN;
+    let start = l3 + hl;
+    let len = udp_len
+        .checked_sub(UdpHdr::LEN + Bth::LEN + ICRC_LEN)
+        .ok_or(punt::MALFORMED)?;
     let end = start + len;
     if len > 0 {
         if len > SCRATCH {
@@ -535,6 +669,12 @@ fn icrc_walk(ctx: &XdpContext, f: &Frame) -> Result<(), usize> {
         crc = w.crc;
     }
     let mut got = [0u8; 4];
+    if store {
+        got = (!crc).to_le_bytes();
+        // SAFETY: four bytes of a stack buffer into the frame.
+        let r = unsafe { bpf_xdp_store_bytes(ctx.ctx, end as u32, got.as_mut_ptr().cast(), 4) };
+        return if r != 0 { Err(punt::TX) } else { Ok(()) };
+    }
     // SAFETY: four bytes into a four-byte stack buffer.
     let r = unsafe { bpf_xdp_load_bytes(ctx.ctx, end as u32, got.as_mut_ptr().cast(), 4) };
     if r != 0 {

@@ -521,8 +521,9 @@ fn pool_mrs_take_writes_say_when_full_and_free_on_dereg() {
         "{v}"
     );
     assert_eq!(v["placed_bytes"], 10000, "{v}");
-    // A READ is the engine's: XDP hands the QP back with it, and the
-    // engine answers from the state XDP left (PSNs continue).
+    // A READ of more than one packet is the engine's: XDP hands the QP
+    // back with it, and the engine answers from the state XDP left (PSNs
+    // continue).
     let v = lab.post_ok(
         "read",
         qa,
@@ -534,7 +535,7 @@ fn pool_mrs_take_writes_say_when_full_and_free_on_dereg() {
     assert_eq!(v["wc"]["status"], "success");
     assert_eq!(lab.mr_bytes(0, a_l, 20000, 10000), data);
     let v = x(&lab);
-    assert_eq!(v["punts"]["not_write"], 1, "{v}");
+    assert_eq!(v["punts"]["too_long"], 1, "{v}");
     // Idle again, the QP goes back to XDP: the next WRITE is placed there.
     let two: Vec<u8> = (0..3000u32).map(|i| (i * 11 + 9) as u8).collect();
     let w = lab.post_ok(
@@ -568,6 +569,34 @@ fn pool_mrs_take_writes_say_when_full_and_free_on_dereg() {
     assert_eq!(v["atomics"], 7, "{v}");
     assert_eq!(v["acks"], 9, "{v}");
     assert_eq!(v["placed"], 13, "{v}");
+    // Small READs are answered by XDP, with the bytes WRITEs and atomics
+    // left (the requester checks the response's ICRC); a READ whose
+    // response the frame cannot grow to goes to the engine, which
+    // answers it.
+    for (off, len) in [(20000u64, 2u64), (20001, 61), (40000, 8), (300, 1000)] {
+        let v = lab.post_ok(
+            "read",
+            qa,
+            a_l,
+            &["--offset", "30000", "--len", &len.to_string()],
+            b_addr + off,
+            b_r,
+        );
+        assert_eq!(v["wc"]["status"], "success", "{v}");
+        assert_eq!(
+            lab.mr_bytes(0, a_l, 30000, len),
+            lab.mr_bytes(1, b_l, off, len),
+            "READ of {len} at {off}"
+        );
+    }
+    let v = x(&lab);
+    eprintln!("{v}");
+    assert!(v["reads"].as_u64().unwrap() >= 3, "{v}");
+    assert_eq!(
+        v["reads"].as_u64().unwrap() + v["punts"]["no_room"].as_u64().unwrap(),
+        4,
+        "{v}"
+    );
     let q = lab.ok(1, &["qp", "list"]);
     assert_eq!(q["qps"][0]["stats"]["errors"], 0, "{q}");
     let list = lab.ok(1, &["mr", "list"]);

@@ -141,7 +141,7 @@ fn soak_with_the_xdp_responder_through_every_fault_loses_nothing() {
 /// the values XDP found (the soak checks every atomic's original value and
 /// the counters' final values).
 #[test]
-fn soak_of_writes_and_atomics_replays_what_the_xdp_responder_executed() {
+fn soak_of_writes_reads_and_atomics_replays_what_the_xdp_responder_executed() {
     let _g = serial();
     let mut lab = Lab::with_relay(1500);
     // Duplicates, and a little loss for go-back-N's resends: with every
@@ -155,7 +155,7 @@ fn soak_of_writes_and_atomics_replays_what_the_xdp_responder_executed() {
             "--pool",
             "--no-selective-repeat",
             "--kinds",
-            "write,fetch-add,cmp-swap",
+            "write,read,fetch-add,cmp-swap",
         ],
     );
     lab.stop_relay();
@@ -168,6 +168,7 @@ fn soak_of_writes_and_atomics_replays_what_the_xdp_responder_executed() {
     let srv = &rep["server"];
     eprintln!("server: {srv}");
     assert!(srv["xdp_atomics"].as_u64().unwrap() > 100, "{srv}");
+    assert!(srv["xdp_reads"].as_u64().unwrap() > 20, "{srv}");
     // Duplicates and out-of-order requests went to the engine.
     assert!(
         srv["xdp_punt_reasons"]["psn"].as_u64().unwrap() > 0,

@@ -7,12 +7,14 @@
 //!   is byte for byte the frame the engine sends (or neither sends one);
 //! - where XDP would execute an atomic, the engine finds the same value,
 //!   leaves the same 8 bytes, and sends the same atomic ACK;
+//! - where XDP would answer a READ, the engine sends byte for byte the
+//!   READ_RESPONSE_ONLY XDP builds (headers, the MR's bytes, pad, ICRC);
 //! - where XDP punts, the engine does something else than a silent
-//!   placement (a NAK, a drop, a re-ACK), except for requests XDP never
-//!   serves (SEND, READ);
+//!   placement or single response (a NAK, a drop, a re-ACK, a READ of
+//!   several packets), except for requests XDP never serves (SEND);
 //! - atomics XDP executed are replayed by the engine after it took the
 //!   QP back: a duplicate gets the value XDP found, never a second
-//!   execution;
+//!   execution; a duplicate of a READ XDP answered is executed again;
 //! - the masks that let the verifier prove a placement stays inside the
 //!   pool never change an offset or length that passed the checks.
 
@@ -21,7 +23,7 @@ mod sim;
 
 use bench::*;
 use rdma_common::fastpath::{
-    self, punt, AtomicReq, PoolMr, RespState, WriteReq, ACK_TMPL_LEN, ATOMIC_RES,
+    self, punt, AtomicReq, PoolMr, ReadReq, RespState, WriteReq, ACK_TMPL_LEN, RD_ATOMIC_RES,
 };
 use rdma_common::mr_pool;
 use rdma_user::device::datapath::{ack_template, snapshot_of};
@@ -61,12 +63,12 @@ fn lend(b: &Bench) -> Option<RespState> {
 }
 
 /// What XDP's state says the engine's should be, as the engine's own
-/// `lendable_responder` reports it (which carries no atomics: the engine
-/// keeps its own in its resources).
+/// `lendable_responder` reports it (which carries no READs or atomics:
+/// the engine keeps its own in its resources).
 fn snapshot(st: &RespState) -> RespSnapshot {
     RespSnapshot {
-        atomics: [(0, 0); ATOMIC_RES],
-        n_atomics: 0,
+        res: [(0, None); RD_ATOMIC_RES],
+        n_res: 0,
         ..snapshot_of(st)
     }
 }
@@ -96,6 +98,27 @@ impl Gen {
         let r = &mut self.rng;
         let rkey = b.mr_rkey();
         let mut q = match self.msg {
+            // Between messages, a READ now and then: mostly of one packet,
+            // small (what a frame's tailroom takes) or up to the MTU, some
+            // of nothing, some of several packets.
+            None if r.chance(0.12) => {
+                let len = match r.below(5) {
+                    0 => 0,
+                    1 | 2 => r.below(64) as u32 + 1,
+                    3 => r.below(mtu as u64) as u32 + 1,
+                    _ => mtu + 1 + r.below(mtu as u64) as u32,
+                };
+                let va = b.va(r.below(WRITE_AREA_LEN - len as u64));
+                Req {
+                    opcode: opcode::RC_RDMA_READ_REQUEST,
+                    psn: self.psn,
+                    ack_req: false,
+                    pkey: 0xffff,
+                    reth: Some((va, rkey, len)),
+                    atomic: None,
+                    payload: Vec::new(),
+                }
+            }
             // Between messages, an atomic now and then: on an 8-byte
             // counter of the WRITE area, compare values that often match.
             None if r.chance(0.15) => {
@@ -184,7 +207,8 @@ impl Gen {
                     a.0 = b.va(MR_LEN as u64 - 8) + 8;
                 }
             }
-            5 if q.atomic.is_none() => {
+            // (A READ with payload is not RoCE the wire code accepts.)
+            5 if q.atomic.is_none() && q.opcode != opcode::RC_RDMA_READ_REQUEST => {
                 q.payload.push(1);
             }
             9 => {
@@ -213,6 +237,8 @@ enum Verdict {
     Write(fastpath::Place),
     /// The atomic's pool offset.
     Atomic(u64),
+    /// The pool offset of the READ's first byte.
+    Read(u64),
 }
 
 #[test]
@@ -220,6 +246,7 @@ fn xdp_decisions_and_acks_equal_the_engines() {
     let mut placed = 0u32;
     let mut acks = 0u32;
     let mut atomics = 0u32;
+    let mut reads = 0u32;
     let mut punts = [0u32; punt::COUNT];
     for seed in 0..1000u64 {
         let mtu = [256, 1024, 4096][seed as usize % 3];
@@ -265,8 +292,18 @@ fn xdp_decisions_and_acks_equal_the_engines() {
                     plen: req.payload.len() as u32,
                 }
             });
+            let is_read = req.opcode == opcode::RC_RDMA_READ_REQUEST;
+            let rr = ReadReq {
+                pkey: req.pkey,
+                psn: req.psn,
+                va: wr.va,
+                rkey: wr.rkey,
+                dma_len: wr.dma_len,
+                plen: wr.plen,
+            };
             let verdict = st.as_ref().map(|st| match &ar {
                 Some(a) => fastpath::fast_atomic(st, a, Some(&mr)).map(Verdict::Atomic),
+                None if is_read => fastpath::fast_read(st, &rr, Some(&mr)).map(Verdict::Read),
                 None => fastpath::fast_write(st, &wr, Some(&mr)).map(Verdict::Write),
             });
             let before = b.n.qp.stats();
@@ -327,6 +364,38 @@ fn xdp_decisions_and_acks_equal_the_engines() {
                         "seed {seed}: atomic ACK bytes differ"
                     );
                 }
+                (Some(mut st), Some(Ok(Verdict::Read(off)))) => {
+                    reads += 1;
+                    assert_eq!(after.errors, before.errors, "seed {seed}");
+                    assert_eq!(mem_before, b.n.mr(), "seed {seed}: a READ wrote");
+                    fastpath::commit_read(&mut st, &rr);
+                    assert_eq!(
+                        b.n.qp.lendable_responder(),
+                        Some(snapshot(&st)),
+                        "seed {seed}: state differs"
+                    );
+                    // The frame XDP writes: the headers, the pool's bytes,
+                    // the pad, then the ICRC it computes over them.
+                    let mut out = [0u8; ACK_TMPL_LEN];
+                    let head = fastpath::build_read_head(&mut st, rr.psn, rr.dma_len, &mut out);
+                    assert!(head > 0);
+                    let mut want = out[..head].to_vec();
+                    if rr.dma_len > 0 {
+                        let at = (off - mr.pool_off) as usize;
+                        want.extend_from_slice(&mem_before[at..at + rr.dma_len as usize]);
+                    }
+                    want.resize(want.len() + fastpath::pad_for(rr.dma_len) as usize, 0);
+                    let l3 = st.ack_l3 as usize;
+                    let crc = icrc(&want[l3..]).unwrap();
+                    want.extend_from_slice(&crc.to_le_bytes());
+                    assert_eq!(
+                        want.len(),
+                        st.ack_len as usize + (rr.dma_len + fastpath::pad_for(rr.dma_len)) as usize,
+                        "seed {seed}: the length XDP grows the frame to"
+                    );
+                    assert_eq!(frames.len(), 1, "seed {seed}");
+                    assert_eq!(want, frames[0], "seed {seed}: READ response bytes differ");
+                }
                 (Some(mut st), Some(Ok(Verdict::Write(p)))) => {
                     placed += 1;
                     assert_eq!(after.errors, before.errors, "seed {seed}");
@@ -357,10 +426,16 @@ fn xdp_decisions_and_acks_equal_the_engines() {
                     punts[r] += 1;
                     // Never a punt where the engine just places silently,
                     // except for what XDP never serves.
-                    let silent = after.errors == before.errors
+                    let mut silent = after.errors == before.errors
                         && after.bad_pkey == before.bad_pkey
                         && after.duplicates_received == before.duplicates_received
                         && after.out_of_sequence_received == before.out_of_sequence_received;
+                    if is_read {
+                        // Silent for a READ: one response packet, which
+                        // XDP could have sent.
+                        silent &= frames.len() == 1
+                            && frames[0].get(42) == Some(&opcode::RC_RDMA_READ_RESPONSE_ONLY);
+                    }
                     if r != punt::NOT_WRITE {
                         assert!(
                             !silent,
@@ -385,10 +460,10 @@ fn xdp_decisions_and_acks_equal_the_engines() {
             }
         }
     }
-    eprintln!("placed {placed}, acks {acks}, atomics {atomics}, punts {punts:?}");
+    eprintln!("placed {placed}, acks {acks}, atomics {atomics}, reads {reads}, punts {punts:?}");
     assert!(
-        placed > 8000 && acks > 3000 && atomics > 1000,
-        "placed {placed}, acks {acks}, atomics {atomics}"
+        placed > 8000 && acks > 3000 && atomics > 1000 && reads > 600,
+        "placed {placed}, acks {acks}, atomics {atomics}, reads {reads}"
     );
     for r in [
         punt::NOT_WRITE,
@@ -398,6 +473,7 @@ fn xdp_decisions_and_acks_equal_the_engines() {
         punt::LENGTH,
         punt::NOT_POOL,
         punt::ACCESS,
+        punt::TOO_LONG,
     ] {
         assert!(
             punts[r] > 10,
@@ -436,7 +512,7 @@ fn atomics_xdp_executed_are_replayed_after_the_take_back() {
     }
     // The take-back, as the data path does it.
     let snap = snapshot_of(&st);
-    assert_eq!(snap.n_atomics, 3);
+    assert_eq!(snap.n_res, 3);
     b.n.qp.restore_responder(&snap);
     let mem = b.n.mr().to_vec();
     let rkey = b.mr_rkey();
@@ -466,6 +542,95 @@ fn atomics_xdp_executed_are_replayed_after_the_take_back() {
     // atomic it has no resource for.
     assert!(dup(&mut b, peer_psn).is_empty());
     assert_eq!(b.n.mr(), &mem[..], "a duplicate was executed again");
+    assert_eq!(b.n.qp.stats().errors, 0);
+    assert_eq!(b.n.qp.rq_psn(), peer_psn + 3);
+}
+
+/// READs XDP answered while it held the QP are in the engine's resources
+/// after the take-back, among the atomics, in order: a duplicate READ is
+/// executed again (the bytes as they are now), a duplicate atomic gets the
+/// value XDP found, and what the resources no longer hold is dropped.
+#[test]
+fn reads_xdp_answered_are_executed_again_after_the_take_back() {
+    let peer_psn = 0x700;
+    let mut b = Bench::new(1024, 0x100, peer_psn);
+    let mut st = lend(&b).expect("a quiescent QP is lendable");
+    let rkey = b.mr_rkey();
+    let va = b.va(128);
+    let read = |psn, len| ReadReq {
+        pkey: 0xffff,
+        psn,
+        va,
+        rkey,
+        dma_len: len,
+        plen: 0,
+    };
+    // XDP answers a READ, executes a FETCH_ADD (finding 5), answers
+    // another READ.
+    fastpath::commit_read(&mut st, &read(peer_psn, 16));
+    fastpath::commit_atomic(
+        &mut st,
+        &AtomicReq {
+            opcode: opcode::RC_FETCH_ADD,
+            pkey: 0xffff,
+            psn: peer_psn + 1,
+            va: b.va(64),
+            rkey,
+            swap_add: 1,
+            compare: 0,
+            plen: 0,
+        },
+        5,
+    );
+    fastpath::commit_read(&mut st, &read(peer_psn + 2, 24));
+    assert_eq!((st.reads, st.read_bytes, st.atomics), (2, 40, 1));
+    let snap = snapshot_of(&st);
+    assert_eq!(snap.n_res, 3);
+    assert_eq!(
+        &snap.res[..3],
+        &[
+            (peer_psn, None),
+            (peer_psn + 1, Some(5)),
+            (peer_psn + 2, None)
+        ]
+    );
+    b.n.qp.restore_responder(&snap);
+    assert_eq!(b.n.qp.rq_psn(), peer_psn + 3);
+    b.n.mr_mut()[128..152].copy_from_slice(b"the bytes as they are no");
+    // The newest READ: executed again, with today's bytes.
+    b.req(
+        opcode::RC_RDMA_READ_REQUEST,
+        peer_psn + 2,
+        false,
+        reth(va, rkey, 24),
+        &[],
+    );
+    let out = b.out();
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(out[0].0.bth.opcode, opcode::RC_RDMA_READ_RESPONSE_ONLY);
+    assert_eq!(out[0].0.bth.psn, peer_psn + 2);
+    assert_eq!(out[0].1, b"the bytes as they are no");
+    // The atomic: replayed, never executed again.
+    b.req(
+        opcode::RC_FETCH_ADD,
+        peer_psn + 1,
+        true,
+        atomic_eth(b.va(64), rkey, 1, 0),
+        &[],
+    );
+    let out = b.out();
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(out[0].0.atomic_ack, Some(5));
+    // The oldest READ is beyond the resources (max_dest_rd_atomic 2):
+    // dropped, as the engine drops its own.
+    b.req(
+        opcode::RC_RDMA_READ_REQUEST,
+        peer_psn,
+        false,
+        reth(va, rkey, 16),
+        &[],
+    );
+    assert!(b.out().is_empty());
     assert_eq!(b.n.qp.stats().errors, 0);
     assert_eq!(b.n.qp.rq_psn(), peer_psn + 3);
 }

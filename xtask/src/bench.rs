@@ -83,11 +83,18 @@ pub(crate) fn bench(quick: bool) -> Result<()> {
             false,
         ));
     }
-    // Atomics executed by the XDP program (beside atomic-lat above).
+    // Atomics executed and READs answered by the XDP program (beside
+    // atomic-lat and read-lat above).
     jobs.push(j(
         &format!("bench atomic-lat -s 8 -n {lat_n} --pool"),
         false,
     ));
+    for s in [2, 64] {
+        jobs.push(j(
+            &format!("bench read-lat -s {s} -n {lat_n} --pool"),
+            false,
+        ));
+    }
     let n64k = bw_n.parse::<u64>()? / 20;
     jobs.push(j(
         &format!("bench write-bw -s 65536 -n {n64k} --adaptive"),
@@ -441,6 +448,18 @@ pub(crate) fn summary(r: &[Value]) -> String {
             "XDP responder / user path: atomic_lat 8 B (round trip)",
             find_path(r, "atomic_lat", 8, "xdp", false).and_then(|v| v["t_typical_us"].as_f64()),
             tt("atomic_lat", 8),
+            "-",
+        ),
+        (
+            "XDP responder / user path: read_lat 2 B (round trip)",
+            find_path(r, "read_lat", 2, "xdp", false).and_then(|v| v["t_typical_us"].as_f64()),
+            tt("read_lat", 2),
+            "-",
+        ),
+        (
+            "XDP responder / user path: read_lat 64 B (round trip)",
+            find_path(r, "read_lat", 64, "xdp", false).and_then(|v| v["t_typical_us"].as_f64()),
+            tt("read_lat", 64),
             "-",
         ),
         (

@@ -42,8 +42,9 @@ pub(crate) struct Case {
     pub(crate) server_serves_on: bool,
     /// Our side runs with the XDP responder (`RDMA_XDP_POOL=1`): the XDP
     /// program's counters, printed at close (`RDMA_XDP_STATS=1`), must
-    /// show WRITEs it placed and ACKed itself.
-    pub(crate) ours_xdp: bool,
+    /// show this one above zero: `xdp_acked` (WRITEs and atomics it
+    /// answered itself) or `xdp_read` (READs it answered).
+    pub(crate) ours_xdp: Option<&'static str>,
 }
 
 impl Case {
@@ -693,7 +694,7 @@ pub(crate) fn pingpong_case(prefix: &str, s: usize, n: u32, rxe_server: bool, v6
         result: None,
         ours_print_result: false,
         server_serves_on: false,
-        ours_xdp: false,
+        ours_xdp: None,
     }
 }
 
@@ -732,7 +733,7 @@ pub(crate) fn perf_case(
         result: Some((size.unwrap_or(8), n)),
         ours_print_result: rxe_server || !matches!(tool, "read_lat" | "atomic_lat"),
         server_serves_on: false,
-        ours_xdp: false,
+        ours_xdp: None,
     }
 }
 
@@ -877,13 +878,15 @@ pub(crate) fn library_cases(quick: bool) -> Vec<Case> {
 /// ACKed by the XDP program, the ACKs leaving by `XDP_TX` across the
 /// bridge to rxe. rxe's counters must not move (no resend), and our XDP
 /// counters must show the placements. write_lat targets both sides;
-/// write_bw targets ours only as the server (rxe the client), and so
-/// does atomic_lat, whose atomics our XDP program executes and answers.
+/// write_bw targets ours only as the server (rxe the client), and so do
+/// atomic_lat, whose atomics our XDP program executes and answers, and
+/// read_lat, whose READs it answers (rxe checks the responses' ICRC).
 pub(crate) fn xdp_cases(quick: bool) -> Vec<Case> {
     let mut rows: Vec<(&str, usize, bool)> = vec![
         ("write_lat", 2, true),
         ("write_bw", 65536, false),
         ("atomic_lat", 8, false),
+        ("read_lat", 2, false),
     ];
     if !quick {
         rows.extend([
@@ -891,6 +894,7 @@ pub(crate) fn xdp_cases(quick: bool) -> Vec<Case> {
             ("write_lat", 5000, true),
             ("write_lat", 5000, false),
             ("write_bw", 5000, false),
+            ("read_lat", 64, false),
         ]);
     }
     rows.into_iter()
@@ -905,24 +909,25 @@ pub(crate) fn xdp_cases(quick: bool) -> Vec<Case> {
                 n,
                 "",
             );
-            c.ours_xdp = true;
+            c.ours_xdp = Some(if tool == "read_lat" {
+                "xdp_read"
+            } else {
+                "xdp_acked"
+            });
             c
         })
         .collect()
 }
 
-/// The packets the XDP program placed without answering and those it
-/// placed and ACKed on our side, from the counters
-/// the library prints at close with `RDMA_XDP_STATS=1`.
-fn xdp_placed_acked(stderr: &str) -> Result<(u64, u64)> {
+/// The XDP program's counters on our side, as the library prints them at
+/// close with `RDMA_XDP_STATS=1`.
+fn xdp_counters(stderr: &str) -> Result<Value> {
     let line = stderr
         .lines()
         .find(|l| l.starts_with("rdma-xdp xdp "))
         .ok_or_else(|| anyhow::anyhow!("ours printed no XDP counters"))?;
-    let v: Value = serde_json::from_str(&line[line.find('{').unwrap_or(0)..])
-        .context("ours: the XDP counters' JSON")?;
-    let n = |k: &str| v[k].as_u64().unwrap_or(0);
-    Ok((n("xdp_placed"), n("xdp_acked")))
+    serde_json::from_str(&line[line.find('{').unwrap_or(0)..])
+        .context("ours: the XDP counters' JSON")
 }
 
 /// RDMA CM against rxe's kernel CM, both roles: rdmacm-utils and perftest
@@ -1069,7 +1074,7 @@ pub(crate) fn cm_cases(quick: bool) -> Vec<Case> {
                 result,
                 ours_print_result: result.is_some(),
                 server_serves_on: serves_on,
-                ours_xdp: false,
+                ours_xdp: None,
             });
         }
     }
@@ -1104,7 +1109,7 @@ pub(crate) fn cm_cases(quick: bool) -> Vec<Case> {
                 result: None,
                 ours_print_result: false,
                 server_serves_on: true,
-                ours_xdp: false,
+                ours_xdp: None,
             });
         }
     }
@@ -1304,12 +1309,12 @@ pub(crate) fn run_case(lab: &Lab, bin: &str, c: &Case) -> Result<()> {
         _ => {}
     }
     check_result_lines(c, &o, &rxe.stdout)?;
-    if c.ours_xdp {
-        // Each packet counts once: placed and dropped, or placed and
-        // turned into its ACK.
-        let (placed, acked) = xdp_placed_acked(&String::from_utf8_lossy(&ours.stderr))?;
-        if acked == 0 {
-            bail!("ours: the XDP program sent no ACK ({placed} packets placed without one)");
+    if let Some(counter) = c.ours_xdp {
+        // Each packet counts once: placed and dropped, placed and turned
+        // into its ACK, or turned into its READ response.
+        let v = xdp_counters(&String::from_utf8_lossy(&ours.stderr))?;
+        if v[counter].as_u64().unwrap_or(0) == 0 {
+            bail!("ours: the XDP program's {counter} is 0 ({v})");
         }
     }
     Ok(())

@@ -93,11 +93,14 @@ pub struct ServerReport {
     pub sends_corrupted: u64,
     pub recv_errors: u64,
     /// The XDP responder on the server's QP (`--pool`): packets it placed,
-    /// atomics it executed, ACKs it sent, requests it left to the engine.
+    /// atomics it executed, READs it answered, ACKs it sent, requests it
+    /// left to the engine.
     #[serde(default)]
     pub xdp_placed: u64,
     #[serde(default)]
     pub xdp_atomics: u64,
+    #[serde(default)]
+    pub xdp_reads: u64,
     #[serde(default)]
     pub xdp_acks: u64,
     #[serde(default)]
@@ -476,6 +479,7 @@ pub fn serve(o: &Options) -> Result<ServerReport> {
         let n = |k: &str| x[k].as_u64().unwrap_or(0);
         rep.xdp_placed = n("placed");
         rep.xdp_atomics = n("atomics");
+        rep.xdp_reads = n("reads");
         rep.xdp_acks = n("acks");
         rep.xdp_punts = x["punts"]
             .as_object()
@@ -589,6 +593,9 @@ pub fn run(o: &Options) -> Result<Report> {
                 }
             }
             let len = match kind {
+                // One in four small: a small READ's response fits the frame
+                // the XDP responder turns it into; the rest up to a slot.
+                Kind::Write | Kind::Read if rng.below(4) == 0 => 1 + rng.below(64) as usize,
                 Kind::Write | Kind::Read => 1 + rng.below(SLOT as u64) as usize,
                 Kind::Send => 8 + rng.below((MAX_SEND - 8) as u64 + 1) as usize,
                 _ => 8,

@@ -160,11 +160,12 @@ pub struct RespSnapshot {
     pub msn: u32,
     /// rkey, va, total, offset of a multi-packet WRITE in progress.
     pub write: Option<(u32, u64, u32, u32)>,
-    /// The atomics XDP executed while it held the QP, oldest first: PSN
-    /// and the value found, the first `n_atomics` (the last
-    /// `MAX_RD_ATOMIC` at most: all a duplicate can still ask for).
-    pub atomics: [(u32, u64); MAX_RD_ATOMIC as usize],
-    pub n_atomics: usize,
+    /// The READs and atomics XDP executed while it held the QP, oldest
+    /// first: the PSN and, for an atomic, the value found (`None`: a READ
+    /// of one packet); the first `n_res` (the last `MAX_RD_ATOMIC` at
+    /// most: all a duplicate can still ask for).
+    pub res: [(u32, Option<u64>); MAX_RD_ATOMIC as usize],
+    pub n_res: usize,
 }
 
 /// The QP's constants the XDP responder checks with.
@@ -207,8 +208,8 @@ impl QpEngine {
             epsn: self.resp.epsn,
             msn: self.resp.msn,
             write,
-            atomics: [(0, 0); MAX_RD_ATOMIC as usize],
-            n_atomics: 0,
+            res: [(0, None); MAX_RD_ATOMIC as usize],
+            n_res: 0,
         })
     }
 
@@ -227,15 +228,16 @@ impl QpEngine {
                 imm: false,
             },
         };
-        // As if the engine had executed them: a duplicate gets the value
-        // XDP found, never a second execution.
-        for &(psn, orig) in &s.atomics[..s.n_atomics.min(MAX_RD_ATOMIC as usize)] {
+        // As if the engine had executed them: a duplicate atomic gets the
+        // value XDP found, never a second execution; a duplicate READ is
+        // executed again.
+        for &(psn, orig) in &s.res[..s.n_res.min(MAX_RD_ATOMIC as usize)] {
             self.save_res(RdAtomicRes {
                 valid: true,
-                atomic: true,
+                atomic: orig.is_some(),
                 first_psn: psn & MASK_24,
                 npkts: 1,
-                orig,
+                orig: orig.unwrap_or(0),
             });
         }
     }

@@ -178,16 +178,18 @@ impl Inner {
             eprintln!("rdma-xdp stats {}: {}", self.iface, dp.stats_json());
         }
         if let Some(Ok(m)) = self.attachment.as_ref().map(|a| a.xdp.stats_map()) {
-            let (placed_only, acked) = placed_and_acked(&m);
-            let placed = placed_only + acked;
+            let n = |k: &str| m.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
+            let (acked, read) = (n("xdp_acked"), n("xdp_read"));
+            let served = n("xdp_placed") + acked + read;
             eprintln!(
                 "rdma-xdp xdp {}: {}",
                 self.iface,
                 serde_json::Value::Object(m)
             );
-            if placed > 0 {
+            if served > 0 {
                 eprintln!(
-                    "rdma-xdp: the XDP responder served {placed} packets ({acked} answered by XDP_TX)"
+                    "rdma-xdp: the XDP responder served {served} packets ({} answered by XDP_TX)",
+                    acked + read
                 );
             }
         }

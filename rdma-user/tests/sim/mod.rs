@@ -142,6 +142,10 @@ impl Node {
         self.mem.by_lkey(self.mr_lkey).unwrap().bytes()
     }
 
+    pub fn mr_mut(&mut self) -> &mut [u8] {
+        self.mem.by_lkey_mut(self.mr_lkey).unwrap().bytes_mut()
+    }
+
     /// Drains everything the QP wants to send, as complete frames.
     pub fn transmit(&mut self, now: Nanos, out: &mut Vec<Vec<u8>>) {
         let hl = self.net.net_header_len();

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rdma_common::fastpath::{
-    owner, PoolMr, RespState, ACK_TMPL_LEN, ATOMIC_RES, POOL_MR_SLOTS, RESP_SLOTS,
+    owner, PoolMr, RespState, ACK_TMPL_LEN, POOL_MR_SLOTS, RD_ATOMIC_RES, RESP_SLOTS,
 };
 
 use super::{Core, QpSlot};
@@ -353,6 +353,9 @@ impl Core {
             st.placed = 0;
             st.placed_bytes = 0;
             st.acks = 0;
+            st.atomics = 0;
+            st.reads = 0;
+            st.read_bytes = 0;
             st.punts = Default::default();
         }
         slot.lend.slot = Some(i);
@@ -427,7 +430,7 @@ impl Core {
                 let st = &mut *st;
                 st.epsn = s.epsn;
                 st.msn = s.msn;
-                st.atomic_next = 0;
+                st.res_next = 0;
                 match s.write {
                     Some((rkey, va, total, offset)) => {
                         st.in_write = 1;
@@ -482,6 +485,7 @@ impl Core {
             "slot": i, "lent": slot.lend.lent, "lends": slot.lend.lends,
             "take_backs": slot.lend.take_backs, "placed": st.placed,
             "placed_bytes": st.placed_bytes, "acks": st.acks, "atomics": st.atomics,
+            "reads": st.reads, "read_bytes": st.read_bytes,
             "punts": punts,
         }))
     }
@@ -517,26 +521,28 @@ pub(super) fn take_back(fast: &Fast, slot: &mut QpSlot) {
     slot.lend.take_backs += 1;
 }
 
-// XDP keeps as many atomics for replay as the engine's resources hold.
-const _: () = assert!(ATOMIC_RES == crate::transport::MAX_RD_ATOMIC as usize);
+// XDP keeps as many READs and atomics for duplicates as the engine's
+// resources hold.
+const _: () = assert!(RD_ATOMIC_RES == crate::transport::MAX_RD_ATOMIC as usize);
 
 /// What XDP's state says the engine's responder now is: the expected PSN,
-/// the MSN, the WRITE in progress, and the atomics XDP executed since the
-/// QP was lent, oldest first (at most the last [`ATOMIC_RES`]).
+/// the MSN, the WRITE in progress, and the READs and atomics XDP executed
+/// since the QP was lent, oldest first (at most the last
+/// [`RD_ATOMIC_RES`]).
 pub fn snapshot_of(st: &RespState) -> RespSnapshot {
-    let n = st.atomic_next as usize;
-    let keep = n.min(ATOMIC_RES);
-    let mut atomics = [(0, 0); ATOMIC_RES];
-    for (k, a) in atomics[..keep].iter_mut().enumerate() {
-        let r = st.atomic_res[(n - keep + k) % ATOMIC_RES];
-        *a = (r.psn, r.orig);
+    let n = st.res_next as usize;
+    let keep = n.min(RD_ATOMIC_RES);
+    let mut res = [(0, None); RD_ATOMIC_RES];
+    for (k, a) in res[..keep].iter_mut().enumerate() {
+        let r = st.res[(n - keep + k) % RD_ATOMIC_RES];
+        *a = (r.psn, (r.read == 0).then_some(r.orig));
     }
     RespSnapshot {
         epsn: st.epsn,
         msn: st.msn,
         write: (st.in_write != 0).then_some((st.w_rkey, st.w_va, st.w_total, st.w_offset)),
-        atomics,
-        n_atomics: keep,
+        res,
+        n_res: keep,
     }
 }
 
