@@ -99,6 +99,61 @@ pub mod punt {
 pub const ACK_TMPL_LEN: usize = 128;
 const M: usize = ACK_TMPL_LEN - 1;
 
+/// Where a response's IP header sits in a [`RespBuf`] (and in the
+/// template, [`RespState::ack`]): 8-byte aligned, so that the ICRC hashes
+/// the headers a 64-bit word at a time. The frame starts `ack_l3` bytes
+/// before ([`frame_start`]).
+pub const IP_AT: usize = 24;
+
+/// A response frame being built: 128 bytes, 8-byte aligned, the frame at
+/// [`frame_start`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct RespBuf(pub [u64; ACK_TMPL_LEN / 8]);
+
+impl Default for RespBuf {
+    fn default() -> Self {
+        Zeroable::zeroed()
+    }
+}
+
+impl RespBuf {
+    #[inline(always)]
+    pub fn bytes(&self) -> &[u8; ACK_TMPL_LEN] {
+        // SAFETY: the same 128 bytes; u8 has no alignment or invalid values.
+        unsafe { &*(self.0.as_ptr() as *const [u8; ACK_TMPL_LEN]) }
+    }
+
+    #[inline(always)]
+    pub fn bytes_mut(&mut self) -> &mut [u8; ACK_TMPL_LEN] {
+        // SAFETY: as `bytes`; any bytes are valid u64s.
+        unsafe { &mut *(self.0.as_mut_ptr() as *mut [u8; ACK_TMPL_LEN]) }
+    }
+}
+
+/// Where the frame starts in a [`RespBuf`] built for `st`.
+#[inline(always)]
+pub fn frame_start(st: &RespState) -> usize {
+    IP_AT.wrapping_sub(st.ack_l3 as usize) & 31
+}
+
+/// The `n`-byte frame [`build_resp`] or [`build_read_head`] built.
+pub fn resp_frame<'a>(st: &RespState, out: &'a RespBuf, n: usize) -> &'a [u8] {
+    &out.bytes()[frame_start(st)..frame_start(st) + n]
+}
+
+/// The template for [`RespState::ack`]: the engine's ACK `frame` (IP
+/// header at `l3`) placed with its IP header at [`IP_AT`]. `None` if it
+/// does not fit.
+pub fn place_ack_template(frame: &[u8], l3: usize) -> Option<RespBuf> {
+    let start = IP_AT.checked_sub(l3)?;
+    let mut b = RespBuf::default();
+    b.bytes_mut()
+        .get_mut(start..start + frame.len())?
+        .copy_from_slice(frame);
+    Some(b)
+}
+
 /// Slots of `RESP_STATE`: QPs that can be lent to XDP at once.
 pub const RESP_SLOTS: u32 = 256;
 
@@ -166,9 +221,10 @@ pub struct RespState {
     pub peer_gid: [u8; 16],
     pub peer_sport: u32,
     pub _pad: u32,
-    /// The ACK frame as the engine emits it, for PSN 0, MSN 0; XDP patches
-    /// the PSN, MSN, IPv4 ID and checksum, and the ICRC.
-    pub ack: [u8; ACK_TMPL_LEN],
+    /// The ACK frame as the engine emits it, for PSN 0, MSN 0, with its IP
+    /// header at [`IP_AT`] ([`place_ack_template`]); XDP patches the PSN,
+    /// MSN, IPv4 ID and checksum, and the ICRC.
+    pub ack: RespBuf,
     /// Counters, written by XDP only.
     pub placed: u64,
     pub placed_bytes: u64,
@@ -693,6 +749,22 @@ const fn icrc_masks() -> [u8; 256] {
     m
 }
 
+/// [`ICRC_MASK`] as little-endian 64-bit words: OR word `w` of the
+/// headers (from the IP header on) with `ICRC_MASK64[(ipv4 as usize) << 4
+/// | w]`.
+pub static ICRC_MASK64: [u64; 32] = icrc_masks64();
+
+const fn icrc_masks64() -> [u64; 32] {
+    let m = icrc_masks();
+    let mut w = [0u64; 32];
+    let mut i = 0;
+    while i < 256 {
+        w[i / 8] |= (m[i] as u64) << ((i % 8) * 8);
+        i += 1;
+    }
+    w
+}
+
 /// Byte `i` of the ICRC's masked prefix (RoCEv2 annex A17.3.3: 64 bits of
 /// ones for the absent LRH, then the IP, UDP and BTH headers with their
 /// variant fields set to ones); `b` is the header byte at `i - 8`.
@@ -711,15 +783,18 @@ pub fn ack_template_ok(st: &RespState) -> bool {
     let ihl = if st.ack_ipv4 != 0 { Ipv4Hdr::LEN } else { 40 };
     let len = st.ack_len as usize;
     let l3 = st.ack_l3 as usize;
-    len <= ACK_TMPL_LEN && l3 <= 18 && l3 + ihl + UdpHdr::LEN + 12 + 4 + ICRC_LEN == len
+    // Room for the atomic ACK's 8 bytes more, from the frame's start.
+    len + IP_AT + AtomicAckEth::LEN <= ACK_TMPL_LEN + l3
+        && l3 <= 18
+        && l3 + ihl + UdpHdr::LEN + 12 + 4 + ICRC_LEN == len
 }
 
 /// Builds the ACK of `psn` with `msn` from the state's template into
-/// `out`: the IPv4 ID (incremented, as the engine does per frame) and
-/// checksum, the BTH PSN, the AETH MSN, and the ICRC. Returns the frame's
-/// length, or 0 if the template is unusable.
+/// `out` (at [`frame_start`]): the IPv4 ID (incremented, as the engine
+/// does per frame) and checksum, the BTH PSN, the AETH MSN, and the ICRC.
+/// Returns the frame's length, or 0 if the template is unusable.
 #[inline(always)]
-pub fn build_ack(st: &mut RespState, psn: u32, out: &mut [u8; ACK_TMPL_LEN]) -> usize {
+pub fn build_ack(st: &mut RespState, psn: u32, out: &mut RespBuf) -> usize {
     build_resp(st, psn, None, out)
 }
 
@@ -731,7 +806,7 @@ pub fn build_resp(
     st: &mut RespState,
     psn: u32,
     atomic_orig: Option<u64>,
-    out: &mut [u8; ACK_TMPL_LEN],
+    out: &mut RespBuf,
 ) -> usize {
     let ext = if atomic_orig.is_some() {
         AtomicAckEth::LEN
@@ -748,58 +823,56 @@ pub fn build_resp(
         return 0;
     }
     let ipv4 = st.ack_ipv4 != 0;
-    let l3 = st.ack_l3 as usize;
     let ihl = if ipv4 { Ipv4Hdr::LEN } else { 40 };
-    let len = st.ack_len as usize + ext;
     if let Some(orig) = atomic_orig {
         let b = orig.to_be_bytes();
+        let o = out.bytes_mut();
         let mut i = 0;
         while i < 8 {
-            out[(bth + 16 + i) & M] = b[i];
+            o[(bth + 16 + i) & M] = b[i];
             i += 1;
         }
     }
-    // ICRC: the masked prefix (64 bits of ones, IP, UDP, BTH), then the
-    // AETH.
-    let n = 8 + ihl + UdpHdr::LEN + 12;
-    let mut crc = !0u32;
-    let mut i = 0;
-    while i < ICRC_PREFIX_MAX {
-        if i < n {
-            let b = if i < 8 { 0xff } else { out[(l3 + i - 8) & M] };
-            crc = crc_byte(crc, icrc_prefix_byte(i, b, ipv4));
+    // ICRC: 64 bits of ones, then IP, UDP and BTH masked, the AETH and
+    // the AtomicAckETH, a word at a time from the aligned IP header.
+    let n = ihl + UdpHdr::LEN + 12 + 4 + ext;
+    let v4 = ipv4 as usize;
+    let full = n / 8;
+    let mut crc = crc_u64(!0, !0);
+    let mut w = 0;
+    while w < 10 {
+        if w < full {
+            let word = u64::from_le(out.0[(IP_AT / 8 + w) & 15]);
+            crc = crc_u64(crc, word | ICRC_MASK64[(v4 << 4) | (w & 15)]);
         }
-        i += 1;
+        w += 1;
     }
-    // The AETH, and the AtomicAckETH if there is one.
-    let mut i = 0;
-    while i < 4 + AtomicAckEth::LEN {
-        if i < 4 + ext {
-            crc = crc_byte(crc, out[(bth + 12 + i) & M]);
+    let o = out.bytes_mut();
+    let mut k = 0;
+    while k < 8 {
+        let i = full * 8 + k;
+        if i < n {
+            crc = crc_byte(crc, o[(IP_AT + i) & M] | ICRC_MASK[(v4 << 7) | (i & 127)]);
         }
-        i += 1;
+        k += 1;
     }
     let crc = !crc;
-    out[(len - 4) & M] = crc as u8;
-    out[(len - 3) & M] = (crc >> 8) as u8;
-    out[(len - 2) & M] = (crc >> 16) as u8;
-    out[(len - 1) & M] = (crc >> 24) as u8;
+    let end = IP_AT + n;
+    o[end & M] = crc as u8;
+    o[(end + 1) & M] = (crc >> 8) as u8;
+    o[(end + 2) & M] = (crc >> 16) as u8;
+    o[(end + 3) & M] = (crc >> 24) as u8;
     st.acks += 1;
-    len
+    st.ack_len as usize + ext
 }
 
 /// The headers of READ_RESPONSE_ONLY for `psn` carrying `len` bytes (the
-/// engine's frame up to its AETH), from the state's ACK template: the
-/// payload, its pad and the ICRC follow at the returned offset, in a
-/// frame of that offset + `len` + [`pad_for`]`(len)` + 4 bytes. 0 if the
-/// template is unusable.
+/// engine's frame up to its AETH, at [`frame_start`]), from the state's
+/// ACK template: their length. The payload, its pad and the ICRC follow,
+/// in a frame of that length + `len` + [`pad_for`]`(len)` + 4 bytes. 0 if
+/// the template is unusable.
 #[inline(always)]
-pub fn build_read_head(
-    st: &mut RespState,
-    psn: u32,
-    len: u32,
-    out: &mut [u8; ACK_TMPL_LEN],
-) -> usize {
+pub fn build_read_head(st: &mut RespState, psn: u32, len: u32, out: &mut RespBuf) -> usize {
     let pad = pad_for(len);
     let bth = head(
         st,
@@ -812,24 +885,17 @@ pub fn build_read_head(
     if bth == 0 {
         return 0;
     }
-    bth + 12 + 4
+    bth + 12 + 4 - frame_start(st)
 }
 
 /// The template into `out` as a response of `opc` to `psn` with `more`
 /// bytes after the AETH (`pad` of them the pad): opcode, pad count, the
 /// IP and UDP lengths, the IPv4 ID (incremented, as the engine does per
-/// frame) and checksum, the PSN and the MSN. The BTH's offset, or 0 if the
-/// template is unusable.
+/// frame) and checksum, the PSN and the MSN. The BTH's offset in `out`,
+/// or 0 if the template is unusable.
 #[inline(always)]
-fn head(
-    st: &mut RespState,
-    psn: u32,
-    opc: u8,
-    more: u32,
-    pad: u8,
-    out: &mut [u8; ACK_TMPL_LEN],
-) -> usize {
-    let l3 = st.ack_l3 as usize;
+fn head(st: &mut RespState, psn: u32, opc: u8, more: u32, pad: u8, out: &mut RespBuf) -> usize {
+    let l3 = IP_AT;
     let ipv4 = st.ack_ipv4 != 0;
     let ihl = if ipv4 { Ipv4Hdr::LEN } else { 40 };
     let bth = l3 + ihl + UdpHdr::LEN;
@@ -838,6 +904,7 @@ fn head(
         return 0;
     }
     *out = st.ack;
+    let out = out.bytes_mut();
     out[bth & M] = opc;
     // SE, M, pad count (bits 5-4), TVer.
     out[(bth + 1) & M] = (out[(bth + 1) & M] & !0x30) | ((pad & 3) << 4);

@@ -20,7 +20,7 @@ use aya_ebpf::{
 };
 use rdma_common::{
     fastpath::{
-        self, owner, punt, AtomicReq, PoolMr, ReadReq, RespState, WriteReq, ACK_TMPL_LEN,
+        self, owner, punt, AtomicReq, PoolMr, ReadReq, RespBuf, RespState, WriteReq, ACK_TMPL_LEN,
         POOL_MR_SLOTS, RESP_SLOTS,
     },
     mr_pool, opcode, stat, AtomicEth, Bth, Reth, UdpHdr, ICRC_LEN,
@@ -382,12 +382,13 @@ fn read_frame(ctx: &XdpContext, st: &mut RespState, psn: u32, off: u64, len: u32
     // SAFETY: this CPU's value (see `ack_frame`).
     let out = unsafe { &mut *out };
     let head = fastpath::build_read_head(st, psn, len, out);
+    let start = fastpath::frame_start(st);
     let Some(pool) = MR_POOL.get_ptr_mut(0) else {
         st.punts[punt::TX] += 1;
         return lost;
     };
     let pool = pool as *const u8;
-    if head == 0 || head > ACK_TMPL_LEN || len as usize > mr_pool::PAGE {
+    if head == 0 || start + head > ACK_TMPL_LEN || len as usize > mr_pool::PAGE {
         st.punts[punt::TX] += 1;
         return lost;
     }
@@ -402,7 +403,12 @@ fn read_frame(ctx: &XdpContext, st: &mut RespState, psn: u32, off: u64, len: u32
     // buffer, the pool value (off < BYTES, len <= PAGE = SLACK: inside
     // it) and the zeros.
     let ok = unsafe {
-        bpf_xdp_store_bytes(ctx.ctx, 0, out.as_mut_ptr().cast(), head as u32) == 0
+        bpf_xdp_store_bytes(
+            ctx.ctx,
+            0,
+            out.bytes_mut().as_mut_ptr().add(start).cast(),
+            head as u32,
+        ) == 0
             && (len == 0
                 || bpf_xdp_store_bytes(ctx.ctx, head as u32, pool.add(off) as *mut _, len) == 0)
             && (pad == 0
@@ -513,7 +519,8 @@ fn ack_frame(
     // else uses it.
     let out = unsafe { &mut *out };
     let n = fastpath::build_resp(st, psn, atomic_orig, out);
-    if n == 0 || n > ACK_TMPL_LEN || n > frame_len {
+    let start = fastpath::frame_start(st);
+    if n == 0 || start + n > ACK_TMPL_LEN || n > frame_len {
         // Checked before placing; an ACK lost here is an ACK lost on the
         // wire: the requester resends and the duplicate is re-ACKed.
         st.punts[punt::TX] += 1;
@@ -526,7 +533,8 @@ fn ack_frame(
             st.punts[punt::TX] += 1;
             return (xdp_action::XDP_DROP, stat::XDP_PLACED);
         }
-        if bpf_xdp_store_bytes(ctx.ctx, 0, out.as_mut_ptr().cast(), n as u32) != 0 {
+        let frame = out.bytes_mut().as_mut_ptr().add(start);
+        if bpf_xdp_store_bytes(ctx.ctx, 0, frame.cast(), n as u32) != 0 {
             st.punts[punt::TX] += 1;
             return (xdp_action::XDP_DROP, stat::XDP_PLACED);
         }
@@ -536,7 +544,7 @@ fn ack_frame(
 
 /// Where `ack_frame` builds the frame it sends.
 #[map]
-static ACK_OUT: PerCpuArray<[u8; ACK_TMPL_LEN]> = PerCpuArray::with_max_entries(1, 0);
+static ACK_OUT: PerCpuArray<RespBuf> = PerCpuArray::with_max_entries(1, 0);
 
 /// The bytes after the headers (extension headers, payload, pad) are
 /// copied once into this per-CPU scratch value and hashed from there: one
@@ -605,12 +613,12 @@ fn icrc_walk(
     // the mask, which the verifier needs to bound the table index.
     // SAFETY: reading a field of a live struct.
     let v4 = unsafe { core::ptr::read_volatile(core::ptr::addr_of!(ipv4) as *const u8) };
-    let base = ((v4 & 1) as usize) << 7;
-    let mut i = 0;
-    while i < 60 {
-        // SAFETY: byte 8 + i < 72 of our buffer.
-        unsafe { *p.add(8 + i) |= fastpath::ICRC_MASK[base | i] };
-        i += 1;
+    let base = ((v4 & 1) as usize) << 4;
+    // The masks a word at a time: the headers sit at byte 8, word 1.
+    let mut w = 0;
+    while w < 8 {
+        pre[1 + w] |= u64::from_le(fastpath::ICRC_MASK64[base | w]);
+        w += 1;
     }
     let n = 8 + hl;
     let mut crc = !0u32;

@@ -23,7 +23,7 @@ mod sim;
 
 use bench::*;
 use rdma_common::fastpath::{
-    self, punt, AtomicReq, PoolMr, ReadReq, RespState, WriteReq, ACK_TMPL_LEN, RD_ATOMIC_RES,
+    self, punt, AtomicReq, PoolMr, ReadReq, RespBuf, RespState, WriteReq, RD_ATOMIC_RES,
 };
 use rdma_common::mr_pool;
 use rdma_user::device::datapath::{ack_template, snapshot_of};
@@ -36,6 +36,7 @@ fn lend(b: &Bench) -> Option<RespState> {
     let s = b.n.qp.lendable_responder()?;
     let c = b.n.qp.responder_consts();
     let (ack, ack_len, l3, ipv4) = ack_template(&b.n.net, &b.n.qp)?;
+    let ack = fastpath::place_ack_template(&ack[..ack_len], l3)?;
     let mut st = RespState {
         qpn: B_QPN,
         epsn: s.epsn,
@@ -252,6 +253,22 @@ fn xdp_decisions_and_acks_equal_the_engines() {
         let mtu = [256, 1024, 4096][seed as usize % 3];
         let peer_psn = (seed as u32 * 0x9e37) & 0xff_ffff;
         let mut b = Bench::new(mtu, 0x100, peer_psn);
+        // Every fourth stream over IPv6, every fifth with a VLAN tag: the
+        // templates XDP patches come in all four shapes.
+        if seed % 4 == 3 {
+            b.n.net.eth.ethertype = ETH_P_IPV6;
+            b.n.net.ip = IpRepr::V6(Ipv6Repr {
+                src: [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2],
+                dst: [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+                traffic_class: 2,
+                flow_label: 0x12345,
+                hop_limit: 64,
+                next_header: 17,
+            });
+        }
+        if seed % 5 == 4 {
+            b.n.net.eth.vlan_tci = Some(7);
+        }
         let mr = PoolMr {
             rkey: b.mr_rkey(),
             pd: PD,
@@ -355,11 +372,11 @@ fn xdp_decisions_and_acks_equal_the_engines() {
                         Some(snapshot(&st)),
                         "seed {seed}: state differs"
                     );
-                    let mut out = [0u8; ACK_TMPL_LEN];
+                    let mut out = RespBuf::default();
                     let n = fastpath::build_resp(&mut st, a.psn, Some(old), &mut out);
                     assert_eq!(frames.len(), 1, "seed {seed}");
                     assert_eq!(
-                        &out[..n],
+                        fastpath::resp_frame(&st, &out, n),
                         &frames[0][..],
                         "seed {seed}: atomic ACK bytes differ"
                     );
@@ -376,10 +393,10 @@ fn xdp_decisions_and_acks_equal_the_engines() {
                     );
                     // The frame XDP writes: the headers, the pool's bytes,
                     // the pad, then the ICRC it computes over them.
-                    let mut out = [0u8; ACK_TMPL_LEN];
+                    let mut out = RespBuf::default();
                     let head = fastpath::build_read_head(&mut st, rr.psn, rr.dma_len, &mut out);
                     assert!(head > 0);
-                    let mut want = out[..head].to_vec();
+                    let mut want = fastpath::resp_frame(&st, &out, head).to_vec();
                     if rr.dma_len > 0 {
                         let at = (off - mr.pool_off) as usize;
                         want.extend_from_slice(&mem_before[at..at + rr.dma_len as usize]);
@@ -414,10 +431,14 @@ fn xdp_decisions_and_acks_equal_the_engines() {
                     );
                     if p.ack {
                         acks += 1;
-                        let mut out = [0u8; ACK_TMPL_LEN];
+                        let mut out = RespBuf::default();
                         let n = fastpath::build_ack(&mut st, wr.psn, &mut out);
                         assert_eq!(frames.len(), 1, "seed {seed}");
-                        assert_eq!(&out[..n], &frames[0][..], "seed {seed}: ACK bytes differ");
+                        assert_eq!(
+                            fastpath::resp_frame(&st, &out, n),
+                            &frames[0][..],
+                            "seed {seed}: ACK bytes differ"
+                        );
                     } else {
                         assert!(frames.is_empty(), "seed {seed}: the engine sent {frames:?}");
                     }
@@ -433,8 +454,9 @@ fn xdp_decisions_and_acks_equal_the_engines() {
                     if is_read {
                         // Silent for a READ: one response packet, which
                         // XDP could have sent.
+                        let at = b.n.net.net_header_len();
                         silent &= frames.len() == 1
-                            && frames[0].get(42) == Some(&opcode::RC_RDMA_READ_RESPONSE_ONLY);
+                            && frames[0].get(at) == Some(&opcode::RC_RDMA_READ_RESPONSE_ONLY);
                     }
                     if r != punt::NOT_WRITE {
                         assert!(

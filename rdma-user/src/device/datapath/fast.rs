@@ -320,6 +320,9 @@ impl Core {
         let Some((ack, ack_len, l3, ipv4)) = ack_template(net, &slot.qp) else {
             return;
         };
+        let Some(ack) = rdma_common::fastpath::place_ack_template(&ack[..ack_len], l3) else {
+            return;
+        };
         if !fast.xdp_tx_reaches_peer() {
             return;
         }
