@@ -179,6 +179,10 @@ struct QpSlot {
     srq: Option<Arc<SrqShared>>,
     /// Its part in the XDP responder.
     lend: fast::Lend,
+    /// The engine answered a remote access on it (a WRITE without
+    /// immediate, a READ or an atomic from the peer): see
+    /// `frames_can_wait_for_polls`.
+    remote_access_seen: bool,
 }
 
 impl QpSlot {
@@ -626,6 +630,7 @@ impl Core {
                 state_seen: QpState::Reset,
                 srq: None,
                 lend: Default::default(),
+                remote_access_seen: false,
             },
         );
         self.qp_order.push(qpn);
@@ -919,12 +924,14 @@ impl Core {
             slot.qp
                 .handle_datagram(now, &repr.transport, &grh, payload, &mut self.mem);
         } else {
-            if slot.lend.lent
-                && repr
-                    .transport
-                    .flags()
-                    .any(OpFlags::REQUEST | OpFlags::RESERVED)
+            let f = repr.transport.flags();
+            if f.has(OpFlags::REQUEST)
+                && ((f.has(OpFlags::WRITE) && !f.has(OpFlags::IMM))
+                    || f.any(OpFlags::READ_REQUEST | OpFlags::ATOMIC))
             {
+                slot.remote_access_seen = true;
+            }
+            if slot.lend.lent && f.any(OpFlags::REQUEST | OpFlags::RESERVED) {
                 // A request XDP left to us (or one already on its way
                 // when the QP was lent): the engine first takes the
                 // responder's state back.

@@ -38,9 +38,10 @@ pub(crate) fn eventfd(flags: i32) -> std::io::Result<i32> {
 /// an eventfd it polls beside its AF_XDP sockets. Posters ring it only
 /// while the thread says it sleeps, so a busy data path costs no syscall.
 /// How long after a program's last inline turn the library's data path
-/// thread leaves frames to it (when XDP holds every responder): longer
-/// than the program spends away spinning on memory for one WRITE, short
-/// enough that a program gone elsewhere is served soon.
+/// thread leaves frames to it (when they can wait for its polls:
+/// `Core::frames_can_wait_for_polls`): longer than the program spends
+/// away between two polls, short enough that a program gone elsewhere is
+/// served soon.
 pub const INLINE_HOLD_NS: u64 = 200_000;
 
 pub struct Doorbell {

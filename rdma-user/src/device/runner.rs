@@ -189,14 +189,15 @@ pub fn shared_data_path_loop(
         let (work, next) = d.poll();
         let now = d.now();
         // A program that polls its CQ moves its own frames (inline
-        // progress); when XDP answers the peer's WRITEs, the frames left
-        // are the answers to its requests. Waking for them only preempts
+        // progress); when XDP answers the peer's remote accesses (or
+        // there are none), the frames left end in completions it polls
+        // for. Waking for them only preempts
         // it (a cross-CPU wake-up and two context switches, 7-10 us
         // here), so while it polls this thread waits for its doorbell.
         let to_program = doorbell
             .as_ref()
             .and_then(|b| b.inline_until())
-            .filter(|_| adaptive && d.core.responders_all_lent());
+            .filter(|_| adaptive && d.core.frames_can_wait_for_polls());
         drop(d);
         match &doorbell {
             Some(bell) => {

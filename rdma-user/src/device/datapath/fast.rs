@@ -387,24 +387,30 @@ impl Core {
         }
     }
 
+    /// Whether the frames the peers send can wait for the program's next
+    /// poll of its CQ (inline progress) instead of waking the library's
+    /// data path thread: for every QP, either XDP holds its responder, or
+    /// the engine never had to answer a remote access (WRITE without
+    /// immediate, READ, atomic) on it. Such requests complete nothing
+    /// here, and a program waits for them spinning on memory, not polling
+    /// (`ib_write_lat`'s passive side); everything else a peer sends
+    /// (SENDs, WRITEs with immediate, the answers to our own requests)
+    /// ends in a completion the program polls for. (A QP's first remote
+    /// access can thus wait for the program's next poll, at most
+    /// `INLINE_HOLD_NS`; from then on the thread takes its frames.)
+    pub fn frames_can_wait_for_polls(&self) -> bool {
+        !self.qps.is_empty()
+            && self
+                .qps
+                .values()
+                .all(|s| (s.qp.qp_type() == QpType::Rc && s.lend.lent) || !s.remote_access_seen)
+    }
+
     /// Lends the QPs whose responders are quiescent to XDP. Run on a turn
     /// that read every receive ring empty: a frame still queued for a QP
     /// would meet a state XDP moved on (harmless: the engine takes the QP
     /// back first, and the frame is a duplicate or out of order for it,
     /// but a wasted hand-over).
-    /// Every QP is an RC QP whose responder XDP holds (at least one):
-    /// then nothing the peer sends needs this host's data path but the
-    /// answers to our own requests, which a program that polls its CQ
-    /// moves itself (inline progress). The library's data path thread
-    /// then need not wake for frames while the program is busy.
-    pub fn responders_all_lent(&self) -> bool {
-        !self.qps.is_empty()
-            && self
-                .qps
-                .values()
-                .all(|s| s.qp.qp_type() == QpType::Rc && s.lend.lent)
-    }
-
     pub fn lend_idle(&mut self) {
         if !self.lend_pending {
             return;
