@@ -1370,14 +1370,16 @@ unsafe extern "C" fn post_recv(
         }
         let rings = q.rings.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: the caller's WR chain and out pointer.
-        let (ret, any) = unsafe {
+        let (ret, _) = unsafe {
             post_chain(wr, bad, |r| {
                 with_recv_wr(r, MAX_SGE, |w| rings.post_recv(w).map_err(post_errno))
             })
         };
-        if any {
-            moved(q, &rings);
-        }
+        // No turn of the data path here: a receive WR is only needed by a
+        // message that has arrived, and every turn that handles arrived
+        // messages first takes the WRs from the rings. (A turn here would
+        // flush the ACK of the message just polled on its own, one syscall
+        // before the program's next send would have taken it along.)
         ret
     })
 }

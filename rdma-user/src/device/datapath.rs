@@ -401,6 +401,8 @@ pub struct DataPath {
     /// `--queues`): frames for another's QPs are handed over.
     pub shard: Option<super::shard::Shard>,
     clock: Instant,
+    /// When the last turn ([`DataPath::poll`]) started, on `clock`.
+    turn_at: Nanos,
     /// A TX kick skipped last turn (see `poll`).
     kick_deferred: bool,
 }
@@ -1239,6 +1241,7 @@ impl DataPath {
             core: Core::new(limits, entropy()),
             shard: None,
             clock: Instant::now(),
+            turn_at: 0,
             kick_deferred: false,
         }
     }
@@ -1254,6 +1257,12 @@ impl DataPath {
 
     pub fn now(&self) -> Nanos {
         self.clock.elapsed().as_nanos() as Nanos
+    }
+
+    /// When the last turn started: the time a caller of [`DataPath::poll`]
+    /// needs right after it, without reading the clock again.
+    pub fn turn_at(&self) -> Nanos {
+        self.turn_at
     }
 
     /// The counters, as `rdma-xdp stats` shows them: the receive path's,
@@ -1320,6 +1329,7 @@ impl DataPath {
     /// packet moved (for adaptive polling) and the next timer deadline.
     pub fn poll(&mut self) -> (bool, Option<Nanos>) {
         let now = self.now();
+        self.turn_at = now;
         let mut work = self.core.pump_rings();
         let core = &mut self.core;
         let mut received = false;
@@ -1413,6 +1423,21 @@ impl DataPath {
                 return false;
             }
             std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+    }
+
+    /// A kick this turn deferred (to send an ACK with the next request in
+    /// one syscall) is still to come.
+    pub fn kick_pending(&self) -> bool {
+        self.kick_deferred
+    }
+
+    /// Does the kick a turn deferred now.
+    pub fn flush_kick(&mut self) {
+        if std::mem::take(&mut self.kick_deferred) {
+            if let Some(x) = self.xsks.first_mut() {
+                x.kick();
+            }
         }
     }
 

@@ -120,6 +120,13 @@ impl Doorbell {
         }
     }
 
+    /// Whether the data path thread takes a turn by `t` (data path clock)
+    /// without being rung: it is awake, or sleeps until then at most.
+    pub fn turns_by(&self, t: u64) -> bool {
+        fence(Ordering::SeqCst);
+        !self.sleeping.load(Ordering::Relaxed) || self.wake_at.load(Ordering::Relaxed) <= t
+    }
+
     /// The thread is awake again; clears a pending ring.
     pub fn woke(&self) {
         self.sleeping.store(false, Ordering::Relaxed);

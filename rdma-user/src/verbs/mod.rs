@@ -296,8 +296,24 @@ impl Context {
     pub fn progress(&self) -> bool {
         match self.inner.dp.try_lock() {
             Ok(mut dp) => {
-                self.inner.doorbell.inline_turn(dp.now());
-                if let (_, Some(t)) = dp.poll_flushed() {
+                let next = dp.poll().1;
+                let now = dp.turn_at();
+                self.inner.doorbell.inline_turn(now);
+                // A turn that answered what it received (ACKs) leaves the
+                // kick to the next turn, so that the program's next send
+                // takes them along in one syscall: the program's next
+                // post or poll, or the data path thread's turn, if that
+                // comes soon. Otherwise nobody may take a turn for long:
+                // kick now.
+                if dp.kick_pending()
+                    && !self
+                        .inner
+                        .doorbell
+                        .turns_by(now.saturating_add(crate::device::rings::INLINE_HOLD_NS))
+                {
+                    dp.flush_kick();
+                }
+                if let Some(t) = next {
                     // A new deadline (a retransmission timer) before the
                     // sleeping thread's wake-up: it must wake for it.
                     self.inner.doorbell.ring_if_before(t);
