@@ -927,11 +927,15 @@ impl Core {
                 .handle_datagram(now, &repr.transport, &grh, payload, &mut self.mem);
         } else {
             let f = repr.transport.flags();
-            if f.has(OpFlags::REQUEST)
+            let remote_access = f.has(OpFlags::REQUEST)
                 && ((f.has(OpFlags::WRITE) && !f.has(OpFlags::IMM))
-                    || f.any(OpFlags::READ_REQUEST | OpFlags::ATOMIC))
-            {
+                    || f.any(OpFlags::READ_REQUEST | OpFlags::ATOMIC));
+            if remote_access {
                 slot.remote_access_seen = true;
+            }
+            if slot.lend.slot.is_some() && f.any(OpFlags::REQUEST | OpFlags::RESERVED) {
+                slot.lend
+                    .request_at_engine(now, remote_access, slot.lend.lent);
             }
             if slot.lend.lent && f.any(OpFlags::REQUEST | OpFlags::RESERVED) {
                 // A request XDP left to us (or one already on its way
@@ -1362,7 +1366,7 @@ impl DataPath {
         work |= received;
         if drained {
             // Nothing waits in the rings: quiescent QPs go (back) to XDP.
-            core.lend_idle();
+            core.lend_idle(now);
         }
         let next = core.handle_timers(now);
         if let Some(x) = self.xsks.first_mut() {

@@ -104,6 +104,35 @@ pub(super) struct Lend {
     /// Hand-overs: to XDP, and back to the engine.
     pub lends: u64,
     pub take_backs: u64,
+    /// Not lent again before this time (data path clock): the QP's last
+    /// lend ended at a request XDP never serves (a SEND), and lending it
+    /// again soon would only hand it back at the next one.
+    pub lend_after: u64,
+    /// How long the last such hold was; doubles with every hold in a row.
+    pub hold_ns: u64,
+}
+
+/// The first hold of a QP whose lend a SEND ended, and the longest: a
+/// QP that takes only SENDs is then handed over a hundred times a second
+/// at most, and one that takes WRITEs again is lent again at once.
+const HOLD_MIN_NS: u64 = 10_000;
+const HOLD_MAX_NS: u64 = 10_000_000;
+
+impl Lend {
+    /// A request reached the engine for this QP at `now`; `xdp_serves`:
+    /// one of the kinds XDP serves (WRITE without immediate, READ,
+    /// atomic). `was_lent`: XDP held the QP when it came (so it ended a
+    /// lend).
+    pub(super) fn request_at_engine(&mut self, now: u64, xdp_serves: bool, was_lent: bool) {
+        if xdp_serves {
+            // XDP would have taken it: lend again as soon as quiescent.
+            self.hold_ns = 0;
+            self.lend_after = 0;
+        } else if was_lent {
+            self.hold_ns = (self.hold_ns * 2).clamp(HOLD_MIN_NS, HOLD_MAX_NS);
+            self.lend_after = now.saturating_add(self.hold_ns);
+        }
+    }
 }
 
 impl Core {
@@ -411,7 +440,7 @@ impl Core {
     /// would meet a state XDP moved on (harmless: the engine takes the QP
     /// back first, and the frame is a duplicate or out of order for it,
     /// but a wasted hand-over).
-    pub fn lend_idle(&mut self) {
+    pub fn lend_idle(&mut self, now: u64) {
         if !self.lend_pending {
             return;
         }
@@ -430,6 +459,10 @@ impl Core {
                 continue;
             };
             if slot.lend.lent {
+                continue;
+            }
+            if now < slot.lend.lend_after {
+                self.lend_pending = true;
                 continue;
             }
             let Some(s) = slot.qp.lendable_responder() else {
@@ -717,5 +750,43 @@ mod fork_copies {
                 unsafe { super::unmap_overlay(at as *mut u8, src as *const u8, len) };
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A QP whose lends SENDs keep ending is held back longer each time,
+    /// up to HOLD_MAX_NS; a request XDP would serve lends it again at
+    /// once; a SEND that meets the QP already on the user path changes
+    /// nothing.
+    #[test]
+    fn sends_that_end_lends_hold_the_qp_back_longer_each_time() {
+        let mut l = Lend::default();
+        l.request_at_engine(1_000, false, true);
+        assert_eq!(
+            (l.hold_ns, l.lend_after),
+            (HOLD_MIN_NS, 1_000 + HOLD_MIN_NS)
+        );
+        l.request_at_engine(50_000, false, false);
+        assert_eq!(
+            (l.hold_ns, l.lend_after),
+            (HOLD_MIN_NS, 1_000 + HOLD_MIN_NS)
+        );
+        l.request_at_engine(60_000, false, true);
+        assert_eq!(
+            (l.hold_ns, l.lend_after),
+            (2 * HOLD_MIN_NS, 60_000 + 2 * HOLD_MIN_NS)
+        );
+        for _ in 0..20 {
+            l.request_at_engine(70_000, false, true);
+        }
+        assert_eq!(
+            (l.hold_ns, l.lend_after),
+            (HOLD_MAX_NS, 70_000 + HOLD_MAX_NS)
+        );
+        l.request_at_engine(80_000, true, false);
+        assert_eq!((l.hold_ns, l.lend_after), (0, 0));
     }
 }
