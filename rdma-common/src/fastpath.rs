@@ -516,18 +516,7 @@ pub fn fast_atomic(st: &RespState, p: &AtomicReq, mr: Option<&PoolMr>) -> Result
     if !is_fast_atomic(p.opcode) {
         return Err(punt::NOT_WRITE);
     }
-    if !pkey_matches(st.pkey as u16, p.pkey) {
-        return Err(punt::PKEY);
-    }
-    if p.psn != st.epsn {
-        return Err(punt::PSN);
-    }
-    if st.in_write != 0 {
-        return Err(punt::SEQUENCE);
-    }
-    if p.plen != 0 {
-        return Err(punt::LENGTH);
-    }
+    single_packet_request(st, p.pkey, p.psn, p.plen)?;
     if st.qp_access & ACCESS_REMOTE_ATOMIC == 0 {
         return Err(punt::ACCESS);
     }
@@ -565,6 +554,26 @@ fn save_res(st: &mut RespState, psn: u32, read: bool, orig: u64) {
     st.res_next = st.res_next.wrapping_add(1);
 }
 
+/// The first checks of a READ request or an atomic (a request of one
+/// packet with no payload), in the engine's order: P_Key, PSN, no WRITE
+/// in progress, no payload.
+#[inline(always)]
+fn single_packet_request(st: &RespState, pkey: u16, psn: u32, plen: u32) -> Result<(), usize> {
+    if !pkey_matches(st.pkey as u16, pkey) {
+        return Err(punt::PKEY);
+    }
+    if psn != st.epsn {
+        return Err(punt::PSN);
+    }
+    if st.in_write != 0 {
+        return Err(punt::SEQUENCE);
+    }
+    if plen != 0 {
+        return Err(punt::LENGTH);
+    }
+    Ok(())
+}
+
 /// The fields of an RC READ request the fast path decides on, host
 /// order.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -588,18 +597,7 @@ pub struct ReadReq {
 /// binds: a QP is lent only with none, and XDP answers at once.
 #[inline(always)]
 pub fn fast_read(st: &RespState, p: &ReadReq, mr: Option<&PoolMr>) -> Result<u64, usize> {
-    if !pkey_matches(st.pkey as u16, p.pkey) {
-        return Err(punt::PKEY);
-    }
-    if p.psn != st.epsn {
-        return Err(punt::PSN);
-    }
-    if st.in_write != 0 {
-        return Err(punt::SEQUENCE);
-    }
-    if p.plen != 0 {
-        return Err(punt::LENGTH);
-    }
+    single_packet_request(st, p.pkey, p.psn, p.plen)?;
     if p.dma_len > st.mtu || p.dma_len as usize > crate::mr_pool::PAGE {
         return Err(punt::TOO_LONG);
     }
