@@ -715,9 +715,6 @@ pub fn crc_update(mut crc: u32, data: &[u8]) -> u32 {
     crc
 }
 
-/// Longest masked prefix of the ICRC: 8 bytes of ones, IPv6, UDP, BTH.
-pub const ICRC_PREFIX_MAX: usize = 8 + 40 + UdpHdr::LEN + 12;
-
 /// The ICRC's masks by position from the IP header on: OR byte `j` of
 /// the headers with `ICRC_MASK[(ipv4 as usize) << 7 | j]` (ones where the
 /// field is variant; zero from the BTH's end on). A table, not

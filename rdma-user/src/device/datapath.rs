@@ -933,18 +933,18 @@ impl Core {
             if remote_access {
                 slot.remote_access_seen = true;
             }
-            if slot.lend.slot.is_some() && f.any(OpFlags::REQUEST | OpFlags::RESERVED) {
+            if f.any(OpFlags::REQUEST | OpFlags::RESERVED) {
                 slot.lend
                     .request_at_engine(now, remote_access, slot.lend.lent);
-            }
-            if slot.lend.lent && f.any(OpFlags::REQUEST | OpFlags::RESERVED) {
-                // A request XDP left to us (or one already on its way
-                // when the QP was lent): the engine first takes the
-                // responder's state back.
-                if let Some(f) = &self.fast {
-                    fast::take_back(f, slot);
+                if slot.lend.lent {
+                    // A request XDP left to us (or one already on its way
+                    // when the QP was lent): the engine first takes the
+                    // responder's state back.
+                    if let Some(f) = &self.fast {
+                        fast::take_back(f, slot);
+                    }
+                    self.lend_pending = true;
                 }
-                self.lend_pending = true;
             }
             slot.qp
                 .handle_packet(now, &repr.transport, payload, &mut self.mem);
@@ -1405,10 +1405,6 @@ impl DataPath {
         (work, next)
     }
 
-    /// One turn that leaves nothing queued behind it: a kick the turn
-    /// deferred (to send an ACK and the next request in one syscall) goes
-    /// now. For a thread that may not take the next turn (a program's
-    /// post or poll; the data path thread may be asleep).
     /// Kicks every socket until the kernel has taken all frames queued for
     /// transmission, for at most `limit`; whether it did. Closing a socket
     /// discards what its TX ring still holds, and copy mode transmits only
@@ -1445,13 +1441,12 @@ impl DataPath {
         }
     }
 
+    /// One turn that leaves nothing queued behind it: a kick the turn
+    /// deferred (to send an ACK and the next request in one syscall) goes
+    /// now. For a caller that may not take the next turn.
     pub fn poll_flushed(&mut self) -> (bool, Option<Nanos>) {
         let r = self.poll();
-        if std::mem::take(&mut self.kick_deferred) {
-            if let Some(x) = self.xsks.first_mut() {
-                x.kick();
-            }
-        }
+        self.flush_kick();
         r
     }
 }
