@@ -106,8 +106,35 @@ fn daemons<'a>(lab: &'a Lab, bind: &str, b_extra: &str) -> Result<Daemons<'a>> {
     Ok(d)
 }
 
+/// What both guests looked like when a case failed: the daemon's counters
+/// that are not zero, the interface's, and the kernel's last messages
+/// (virtio-net and AF_XDP complain there). Appended to the error so that a
+/// failure in CI, where the VMs are gone afterwards, can be explained.
+fn with_diagnosis(lab: &Lab, e: anyhow::Error) -> anyhow::Error {
+    let mut out = String::new();
+    for i in 0..2 {
+        let cmd = format!(
+            "{BIN} stats 2>&1 | grep -Ev '(^| )0( |$)' | head -n 60; ip -s link show eth0; dmesg | tail -n 15"
+        );
+        let got = lab
+            .exec(side(i), &cmd, Duration::from_secs(30))
+            .map(|o| o.stdout)
+            .unwrap_or_else(|e| format!("(not reachable: {e:#})"));
+        out.push_str(&format!(
+            "\n--- VM {} at the failure:\n{}",
+            side(i),
+            got.trim_end()
+        ));
+    }
+    e.context(out)
+}
+
 fn demo_case(lab: &Lab, bind: &str) -> Result<String> {
     let _d = daemons(lab, bind, "")?;
+    demo_body(lab).map_err(|e| with_diagnosis(lab, e))
+}
+
+fn demo_body(lab: &Lab) -> Result<String> {
     let c = |i: usize, a: &[&str]| cli(lab, i, a);
     let s = |i: usize, a: &[&str]| show(lab, i, a);
     demo_ops(&c, &s, &VmId::B.ip())?;
@@ -154,13 +181,16 @@ fn soak_case(lab: &Lab, bind: &str, ops: u64) -> Result<String> {
     let s = lab.wait(&server, Duration::from_secs(60))?;
     let c = c?;
     if !c.success() {
-        bail!(
-            "soak client exit {}: {}\n{}\nserver: {}",
-            c.code,
-            c.stdout.trim(),
-            c.stderr.trim(),
-            s.stdout.trim()
-        );
+        return Err(with_diagnosis(
+            lab,
+            anyhow::anyhow!(
+                "soak client exit {}: {}\n{}\nserver: {}",
+                c.code,
+                c.stdout.trim(),
+                c.stderr.trim(),
+                s.stdout.trim()
+            ),
+        ));
     }
     let rep: Value = serde_json::from_str(&c.stdout).context("soak report")?;
     Ok(format!(
@@ -206,6 +236,10 @@ fn u(v: &Value) -> u64 {
 
 fn hostile_case(lab: &Lab, bind: &str, count: u64) -> Result<String> {
     let _d = daemons(lab, bind, "--firewall")?;
+    hostile_body(lab, count).map_err(|e| with_diagnosis(lab, e))
+}
+
+fn hostile_body(lab: &Lab, count: u64) -> Result<String> {
     let reg = |i: usize| -> Result<(u64, u64, u64)> {
         let m = cli(lab, i, &["mr", "reg", "--len", "65536"])?;
         Ok((u(&m["addr"]), u(&m["lkey"]), u(&m["rkey"])))
@@ -363,13 +397,21 @@ fn hostile_case(lab: &Lab, bind: &str, count: u64) -> Result<String> {
         &format!("all {count} frames sent: {sent}"),
     )?;
     // The last frames may still be on their way through the emulated NIC:
-    // read the counters until they stop moving.
+    // read the counters until they stop moving. Under TCG on a busy host
+    // a guest can stand still for half a second, so they must stay put
+    // for two reads in a row.
     let mut after = cli(lab, 1, &["stats"])?;
-    for _ in 0..20 {
+    let mut still = 0;
+    for _ in 0..30 {
         std::thread::sleep(Duration::from_millis(500));
         let again = cli(lab, 1, &["stats"])?;
-        if again["xdp"] == after["xdp"] {
-            break;
+        if again["xdp"] == after["xdp"] && again["datapath"] == after["datapath"] {
+            still += 1;
+            if still == 2 {
+                break;
+            }
+        } else {
+            still = 0;
         }
         after = again;
     }

@@ -110,8 +110,8 @@ fn zc_kernel(settings: &Settings) -> Result<PathBuf> {
 }
 
 /// The VM settings for our stack in the guests: the zero-copy kernel, and
-/// two queue pairs and two vCPUs (virtio-net's zero-copy needs XDP TX
-/// queues of its own).
+/// two queue pairs and two vCPUs (rxevm sets a multi-queue device up
+/// behind the DMA API, which virtio-net's zero-copy needs).
 pub(crate) fn zc_settings() -> Result<Settings> {
     let mut settings = Settings::from_env()?;
     settings.kernel_deb = Some(zc_kernel(&settings)?);

@@ -163,8 +163,10 @@ pub struct Settings {
     pub mem_mib: u32,
     pub boot_timeout: Duration,
     /// virtio-net queue pairs per VM (`RXEVM_QUEUES`, default 1). With 2,
-    /// the tap is multi-queue and the guest's XDP gets TX queues of its own
-    /// (with one, virtio-net falls back to a locked shared TX queue).
+    /// the tap is multi-queue and RSS spreads flows over two queues. The
+    /// guest's XDP still shares TX queues with the stack (locked mode:
+    /// virtio-net wants one XDP TX queue per CPU beyond the stack's pairs,
+    /// and says so in dmesg).
     pub queues: u32,
     /// vCPUs per VM (`RXEVM_CPUS`, default: one per queue pair).
     pub cpus: u32,
