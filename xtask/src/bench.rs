@@ -14,6 +14,8 @@ pub(crate) struct Job {
     pub(crate) args: Vec<String>,
     /// Which side writes the record: the client, or the server (streams).
     pub(crate) from_server: bool,
+    /// The target veth's NAPI in a kernel thread on the target's core.
+    pub(crate) threaded_napi: bool,
 }
 
 pub(crate) fn bench(quick: bool) -> Result<()> {
@@ -34,6 +36,7 @@ pub(crate) fn bench(quick: bool) -> Result<()> {
     let j = |s: &str, from_server: bool| Job {
         args: s.split_whitespace().map(String::from).collect(),
         from_server,
+        threaded_napi: false,
     };
     for t in ["write-lat", "read-lat", "send-lat"] {
         for s in [2, 64, 4096] {
@@ -73,7 +76,6 @@ pub(crate) fn bench(quick: bool) -> Result<()> {
         true,
     ));
     let mut records: Vec<Value> = Vec::new();
-    let total = jobs.len() + 1;
     // The XDP responder beside the user path (issue 20): latency with the
     // buffers in the MR pool, and write_bw with an adaptive target on each
     // path for the target's CPU per message.
@@ -109,6 +111,20 @@ pub(crate) fn bench(quick: bool) -> Result<()> {
         &format!("bench write-bw -s 65536 -n {n64k} --adaptive --pool --no-icrc-check"),
         false,
     ));
+    // On a veth, the receiver's XDP program and AF_XDP copy run in the
+    // sender's softirq, on the sender's core: the XDP responder's work
+    // (the ICRC in BPF) then competes with the sender. On a NIC it runs
+    // on the receiving host. Threaded NAPI on the target's veth, pinned
+    // to the target's core, gives that shape: both paths again.
+    for pool in ["", " --pool"] {
+        let mut job = j(
+            &format!("bench write-bw -s 65536 -n {n64k} --adaptive{pool}"),
+            false,
+        );
+        job.threaded_napi = true;
+        jobs.push(job);
+    }
+    let total = jobs.len() + 1;
     for (k, job) in jobs.iter().enumerate() {
         eprintln!("[{}/{total}] {}", k + 1, job.args.join(" "));
         let sj = out_dir.join("server.json");
@@ -125,6 +141,14 @@ pub(crate) fn bench(quick: bool) -> Result<()> {
             .stderr(Stdio::piped())
             .spawn()?;
         std::thread::sleep(Duration::from_millis(400));
+        if job.threaded_napi {
+            if let Err(e) = thread_napi(&ns[1], devs[1], 1) {
+                eprintln!("   threaded NAPI: {e:#}");
+                let _ = server.kill();
+                let _ = server.wait();
+                continue;
+            }
+        }
         let mut cargs = job.args.clone();
         cargs.insert(2, addrs[1].to_string());
         let client = Command::new("ip")
@@ -156,6 +180,9 @@ pub(crate) fn bench(quick: bool) -> Result<()> {
                 if let (Some(s), Some(last)) = (server, v.last_mut()) {
                     if let Some(c) = s.get("target_user_cpu_us_per_msg") {
                         last["target_user_cpu_us_per_msg"] = c.clone();
+                    }
+                    if job.threaded_napi {
+                        last["target_napi"] = "threaded".into();
                     }
                     if last["test"] == "write_bw" {
                         for (k, t) in [
@@ -318,7 +345,66 @@ pub(crate) fn find_path<'a>(
             && x["bytes"] == bytes
             && x["path"] == path
             && x.get("target_user_cpu_us_per_msg").is_some() == target_cpu
+            && x.get("target_napi").is_none()
     })
+}
+
+/// The record of a job run with the target's NAPI threaded.
+fn find_threaded<'a>(r: &'a [Value], test: &str, bytes: u64, path: &str) -> Option<&'a Value> {
+    r.iter().find(|x| {
+        x["test"] == test
+            && x["bytes"] == bytes
+            && x["path"] == path
+            && x["target_napi"] == "threaded"
+    })
+}
+
+/// Moves `dev`'s NAPI (in namespace `ns`) into kernel threads pinned to
+/// `cpu`. A veth has NAPI only while an XDP program is attached: waits up
+/// to 3 s for the server's.
+fn thread_napi(ns: &str, dev: &str, cpu: u32) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let o = Command::new("ip")
+            .args(["-n", ns, "link", "show", "dev", dev])
+            .output()?;
+        if String::from_utf8_lossy(&o.stdout).contains("prog/xdp") {
+            break;
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("no XDP program on {dev} after 3 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let ok = Command::new("ip")
+        .args(["netns", "exec", ns, "sh", "-c"])
+        .arg(format!("echo 1 > /sys/class/net/{dev}/threaded"))
+        .status()?
+        .success();
+    if !ok {
+        anyhow::bail!("{dev}: writing 1 to threaded failed");
+    }
+    // The threads are named napi/<dev>-<id> (cut to 15 characters).
+    let prefix: String = format!("napi/{dev}-").chars().take(15).collect();
+    let mut pinned = 0;
+    for e in std::fs::read_dir("/proc")?.flatten() {
+        let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+        if comm.trim_end().starts_with(&prefix) {
+            let pid = e.file_name().to_string_lossy().into_owned();
+            if Command::new("taskset")
+                .args(["-pc", &cpu.to_string(), &pid])
+                .stdout(Stdio::null())
+                .status()?
+                .success()
+            {
+                pinned += 1;
+            }
+        }
+    }
+    if pinned == 0 {
+        anyhow::bail!("no napi/{dev} thread to pin");
+    }
+    Ok(())
 }
 
 pub(crate) fn summary(r: &[Value]) -> String {
@@ -334,7 +420,10 @@ pub(crate) fn summary(r: &[Value]) -> String {
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             x["test"].as_str().unwrap_or(""),
             x["bytes"],
-            x["path"].as_str().unwrap_or("-"),
+            match x["target_napi"].as_str() {
+                Some(n) => format!("{}, {n} NAPI", x["path"].as_str().unwrap_or("-")),
+                None => x["path"].as_str().unwrap_or("-").to_string(),
+            },
             x["iters"],
             f(x, "t_typical_us"),
             f(x, "t_avg_us"),
@@ -487,6 +576,12 @@ pub(crate) fn summary(r: &[Value]) -> String {
                 .and_then(|v| v["bw_avg_gbps"].as_f64()),
             bw("lib_write_bw_adaptive", 65536),
             "-",
+        ),
+        (
+            "XDP responder / user path: write_bw 64 KiB, the target's NAPI threaded on its core (as on a NIC)",
+            find_threaded(r, "write_bw", 65536, "xdp").and_then(|v| v["bw_avg_gbps"].as_f64()),
+            find_threaded(r, "write_bw", 65536, "user").and_then(|v| v["bw_avg_gbps"].as_f64()),
+            ">= 1",
         ),
         (
             "target's XDP ns per run, write_bw 64 KiB: with the ICRC check / without",
