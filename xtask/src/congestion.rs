@@ -47,6 +47,10 @@ pub(crate) struct Options {
     pub(crate) kmax_bytes: u64,
     #[arg(long, default_value_t = 0.1)]
     pub(crate) pmax: f64,
+    /// Leave the processes to the scheduler instead of the relay (the
+    /// switch) on core 0 and the hosts on core 1.
+    #[arg(long)]
+    pub(crate) no_pin: bool,
     /// Decide marks as frames enter the queue (RED's way), not as they
     /// leave it.
     #[arg(long)]
@@ -293,8 +297,22 @@ fn run_one(
         let _ = std::fs::remove_file(f(s));
     }
     let mut relay = Command::new("ip");
+    // The switch is a device of its own: the relay runs on core 0 and
+    // every host (senders and receiver) on core 1. Left to the
+    // scheduler, a sender is moved onto the relay's core in the middle of
+    // a run; from then on the two flows swing against each other and
+    // stagger's Jain index falls from about 0.99 to about 0.9 (measured,
+    // see BENCHMARKS.md).
+    let pin = |who: &str| -> Vec<String> {
+        if o.no_pin {
+            return Vec::new();
+        }
+        let core = if who == "flow" { "1" } else { "0" };
+        vec!["taskset".into(), "-c".into(), core.into()]
+    };
     relay
         .args(["netns", "exec", switch])
+        .args(pin("relay"))
         .arg(bin)
         .args(["--json", "relay"]);
     for w in wdevs.iter().take(sc.flows.len()) {
@@ -335,6 +353,7 @@ fn run_one(
     let server = Running(
         Command::new("ip")
             .args(["netns", "exec", sink])
+            .args(pin("sink"))
             .arg(bin)
             .arg("--json")
             .arg(f("server.json"))
@@ -354,6 +373,7 @@ fn run_one(
         let _ = std::fs::remove_file(&fj);
         let c = Command::new("ip")
             .args(["netns", "exec", &senders[i]])
+            .args(pin("flow"))
             .arg(bin)
             .arg("--json")
             .arg(&fj)
