@@ -297,12 +297,13 @@ fn run_one(
         let _ = std::fs::remove_file(f(s));
     }
     let mut relay = Command::new("ip");
-    // The switch is a device of its own: the relay runs on core 0 and
-    // every host (senders and receiver) on core 1. Left to the
-    // scheduler, a sender is moved onto the relay's core in the middle of
-    // a run; from then on the two flows swing against each other and
-    // stagger's Jain index falls from about 0.99 to about 0.9 (measured,
-    // see BENCHMARKS.md).
+    // The senders compete on equal terms: all of them on core 1, the
+    // relay (the switch) and the receiver on core 0. Left to the
+    // scheduler, the flows can switch mid-run from sharing fairly to
+    // swinging against each other (most likely a sender moved onto the
+    // relay's core), and stagger's Jain index falls from about 0.99 to
+    // about 0.9 (measured, see BENCHMARKS.md). With the receiver on the
+    // senders' core, its turns delayed their pacing into bursts.
     let pin = |who: &str| -> Vec<String> {
         if o.no_pin {
             return Vec::new();
