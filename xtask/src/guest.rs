@@ -306,6 +306,7 @@ fn hostile_body(lab: &Lab, count: u64) -> Result<String> {
     };
     let before_bytes = victim_bytes()?;
     let before = cli(lab, 1, &["stats"])?;
+    let a_before = cli(lab, 0, &["stats"])?;
     let link_before = link_drops(lab)?;
     let flood = lab.spawn(
         VmId::A,
@@ -416,6 +417,7 @@ fn hostile_body(lab: &Lab, count: u64) -> Result<String> {
         after = again;
     }
     let link_after = link_drops(lab)?;
+    let a_after = cli(lab, 0, &["stats"])?;
     let changed = |sec: &str| -> String {
         after[sec]
             .as_object()
@@ -446,8 +448,21 @@ fn hostile_body(lab: &Lab, count: u64) -> Result<String> {
     // queue overflows while the guest is busy, or the guest's ring is full.
     // virtio-net counts XDP's own drops as receive drops too: those are not
     // the link's.
-    let lost_on_link = (link_after.0 - link_before.0)
+    let lost_counted = (link_after.0 - link_before.0)
         + (link_after.1 - link_before.1).saturating_sub(xdp_all(&after) - xdp_all(&before));
+    // The same, measured end to end: every RoCE frame A sent to B (the
+    // flood, and A's daemon's valid traffic) against every one B's XDP
+    // program saw (dropped or redirected). A frame that vanished on the
+    // way without a drop counter (a reset queue, a bridge) shows here.
+    let a_tx =
+        u(&a_after["datapath"]["tx_frames"]).saturating_sub(u(&a_before["datapath"]["tx_frames"]));
+    let b_seen = (xdp_all(&after) + u(&after["xdp"]["redirect"]))
+        .saturating_sub(xdp_all(&before) + u(&before["xdp"]["redirect"]));
+    let lost_measured = (count + a_tx).saturating_sub(b_seen);
+    let lost_on_link = lost_counted.max(lost_measured);
+    println!(
+        "   link: A sent {count} + {a_tx} RoCE frames, B's XDP saw {b_seen}: {lost_measured} lost; drop counters say {lost_counted}"
+    );
     let d = |sec: &str, keys: &[&str]| -> u64 {
         keys.iter()
             .map(|k| u(&after[sec][*k]).saturating_sub(u(&before[sec][*k])))
