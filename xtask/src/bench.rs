@@ -341,9 +341,7 @@ pub(crate) fn find_path<'a>(
     target_cpu: bool,
 ) -> Option<&'a Value> {
     r.iter().find(|x| {
-        x["test"] == test
-            && x["bytes"] == bytes
-            && x["path"] == path
+        is_record(x, test, bytes, path)
             && x.get("target_user_cpu_us_per_msg").is_some() == target_cpu
             && x.get("target_napi").is_none()
     })
@@ -351,12 +349,13 @@ pub(crate) fn find_path<'a>(
 
 /// The record of a job run with the target's NAPI threaded.
 fn find_threaded<'a>(r: &'a [Value], test: &str, bytes: u64, path: &str) -> Option<&'a Value> {
-    r.iter().find(|x| {
-        x["test"] == test
-            && x["bytes"] == bytes
-            && x["path"] == path
-            && x["target_napi"] == "threaded"
-    })
+    r.iter()
+        .find(|x| is_record(x, test, bytes, path) && x["target_napi"] == "threaded")
+}
+
+/// Whether `x` is a record of `test` at `bytes` on `path`.
+fn is_record(x: &Value, test: &str, bytes: u64, path: &str) -> bool {
+    x["test"] == test && x["bytes"] == bytes && x["path"] == path
 }
 
 /// Moves `dev`'s NAPI (in namespace `ns`) into kernel threads pinned to

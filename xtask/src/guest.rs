@@ -111,11 +111,12 @@ fn daemons<'a>(lab: &'a Lab, bind: &str, b_extra: &str) -> Result<Daemons<'a>> {
 /// (virtio-net and AF_XDP complain there). Appended to the error so that a
 /// failure in CI, where the VMs are gone afterwards, can be explained.
 fn with_diagnosis(lab: &Lab, e: anyhow::Error) -> anyhow::Error {
-    let mut out = String::new();
+    let cmd = format!(
+        "{BIN} stats 2>&1 | grep -Ev '(^| )0( |$)' | head -n 60; ip -s link show eth0; dmesg | tail -n 15"
+    );
+    // The failure first, then what the guests looked like.
+    let mut out = format!("{e:#}");
     for i in 0..2 {
-        let cmd = format!(
-            "{BIN} stats 2>&1 | grep -Ev '(^| )0( |$)' | head -n 60; ip -s link show eth0; dmesg | tail -n 15"
-        );
         let got = lab
             .exec(side(i), &cmd, Duration::from_secs(30))
             .map(|o| o.stdout)
@@ -126,7 +127,7 @@ fn with_diagnosis(lab: &Lab, e: anyhow::Error) -> anyhow::Error {
             got.trim_end()
         ));
     }
-    e.context(out)
+    anyhow::anyhow!(out)
 }
 
 fn demo_case(lab: &Lab, bind: &str) -> Result<String> {
