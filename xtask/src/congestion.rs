@@ -55,6 +55,11 @@ pub(crate) struct Options {
     /// leave it.
     #[arg(long)]
     pub(crate) mark_on_enqueue: bool,
+    /// The senders' line rate, Mbit/s: the switch receives each sender's
+    /// frames no faster than this (a veth's reported speed; 0: as fast as
+    /// the sender writes its AF_XDP batches).
+    #[arg(long, default_value_t = 10_000.0)]
+    pub(crate) ingress_mbit: f64,
 }
 
 /// One flow: when it starts and stops (seconds from the scenario's start).
@@ -126,16 +131,21 @@ fn scenarios(quick: bool) -> Vec<Scenario> {
 /// tens of microseconds. Here the loop is a queue of a few hundred Mbit/s
 /// and processes sharing two cores, milliseconds long: the timers run 18x
 /// slower, at most one cut per millisecond (about a round trip; with
-/// mlx5's 4 µs every CNP of a burst halves the rate again), and the steps
-/// are a 80th and a 20th of the bottleneck per step, so recovery does not
-/// outrun the feedback.
+/// mlx5's 4 µs every CNP of a burst halves the rate again), and both steps
+/// are an 80th of the bottleneck, so recovery does not outrun the
+/// feedback. Hyper increase adds i steps per event, i growing by one per
+/// event: with a step of a 20th, a lone flow climbed past the bottleneck
+/// faster than the CNPs of a millisecond-long loop could stop it, the
+/// queue passed Kmax, and the cuts that followed emptied it (departure's
+/// remaining flow averaged about 325 Mbit/s of 400; with an 80th, 360:
+/// BENCHMARKS.md).
 fn testbed_cc(rate_mbit: f64) -> Vec<String> {
     vec![
         "rp_time_reset=1000".into(),
         "rp_dce_tcp_rtt=1000".into(),
         "rp_rate_reduce_monitor_period=1000".into(),
         format!("rp_ai_rate={}", rate_mbit / 80.0),
-        format!("rp_hai_rate={}", rate_mbit / 20.0),
+        format!("rp_hai_rate={}", rate_mbit / 80.0),
     ]
 }
 
@@ -245,6 +255,7 @@ pub(crate) fn congestion(o: &Options) -> Result<()> {
             "kmax_bytes": o.kmax_bytes,
             "pmax": o.pmax,
             "mark_on_dequeue": !o.mark_on_enqueue,
+            "ingress_mbit": o.ingress_mbit,
             "cc": cc,
             "quick": o.quick,
             "records": records,
@@ -327,6 +338,7 @@ fn run_one(
     // the depth behind it (see `--mark-on-dequeue`).
     relay
         .args(["--b", "rcg-wr", "--rate-mbit", &rate.to_string()])
+        .args(["--ingress-mbit", &o.ingress_mbit.to_string()])
         .args(["--queue-bytes", "1048576"])
         .args(["--kmin-bytes", &o.kmin_bytes.to_string()])
         .args(["--kmax-bytes", &o.kmax_bytes.to_string()])

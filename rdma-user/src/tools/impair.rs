@@ -36,6 +36,13 @@ pub struct ImpairConfig {
     /// ASICs mark), so the feedback is not a queue's delay late.
     #[serde(default)]
     pub mark_on_dequeue: bool,
+    /// The line rate of the links into the relay's A side, Mbit/s (0: as
+    /// fast as the host can write). A switch port receives no faster than
+    /// its link: a burst the sending host wrote at memory speed reaches
+    /// the bottleneck's queue spread out at this rate (see
+    /// [`IngressLinks`]).
+    #[serde(default)]
+    pub ingress_mbit: f64,
     pub delay_us: u64,
     pub jitter_us: u64,
     /// A reordered frame is held back until this many later frames of the
@@ -63,6 +70,7 @@ impl Default for ImpairConfig {
             kmax_bytes: 200 * 1024,
             pmax: 0.2,
             mark_on_dequeue: false,
+            ingress_mbit: 0.0,
             delay_us: 0,
             jitter_us: 0,
             reorder_gap: 3,
@@ -87,6 +95,16 @@ impl ImpairConfig {
             if !(0.0..=1.0).contains(&p) {
                 return Err(format!(
                     "--{name} {p}: a probability between 0 and 1 (0.05 = 5 %)"
+                ));
+            }
+        }
+        for (name, r) in [
+            ("rate-mbit", self.rate_mbit),
+            ("ingress-mbit", self.ingress_mbit),
+        ] {
+            if !(r >= 0.0 && r.is_finite()) {
+                return Err(format!(
+                    "--{name} {r}: a rate in Mbit/s, 0 or more (0: no limit)"
                 ));
             }
         }
@@ -210,6 +228,47 @@ pub fn roce_payload_offset(f: &[u8]) -> Option<usize> {
     };
     let dport = u16::from_be_bytes(f.get(udp + 2..udp + 4)?.try_into().ok()?);
     (dport == ROCE_V2_UDP_PORT && f.len() > udp + 8).then_some(udp + 8)
+}
+
+/// The links into a switch's ports, each at a line rate: a frame has
+/// arrived when its last byte has, no earlier than the link's previous
+/// frame plus its own time on the wire. A veth has no line rate (a host
+/// writes a burst at memory speed), so without this one flow at the
+/// bottleneck's own rate would still build a queue out of the bursts of
+/// its sender's AF_XDP batches, which no link of that rate could carry.
+#[derive(Debug, Clone, Default)]
+pub struct IngressLinks {
+    bytes_per_ns: f64,
+    /// Per port: when its link has carried everything sent so far (ns).
+    free_at: Vec<u64>,
+    /// The latest arrival handed out: arrivals never go back in time, so
+    /// the bottleneck sees its frames in order across ports.
+    last: u64,
+}
+
+impl IngressLinks {
+    /// Links of `rate_mbit` each (0: none; frames arrive at their stamp).
+    pub fn new(rate_mbit: f64) -> IngressLinks {
+        IngressLinks {
+            bytes_per_ns: rate_mbit.max(0.0) / 8000.0,
+            ..Default::default()
+        }
+    }
+
+    /// When a frame of `len` bytes that the host sent at `stamp` on `port`
+    /// has arrived in the switch.
+    pub fn arrival(&mut self, port: usize, stamp: u64, len: u64) -> u64 {
+        let mut t = stamp;
+        if self.bytes_per_ns > 0.0 {
+            if self.free_at.len() <= port {
+                self.free_at.resize(port + 1, 0);
+            }
+            t = self.free_at[port].max(stamp) + (len as f64 / self.bytes_per_ns) as u64;
+            self.free_at[port] = t;
+        }
+        self.last = self.last.max(t);
+        self.last
+    }
 }
 
 struct Held {
@@ -590,6 +649,60 @@ mod tests {
         let all_marked = out.iter().filter(|(_, x)| marked(x)).count() as u64;
         assert_eq!(all_marked, st.ce_marked);
         assert_eq!(out.len() as u64 + st.bottleneck_drops, 2000);
+    }
+
+    #[test]
+    fn a_burst_over_a_link_as_fast_as_the_bottleneck_builds_no_queue() {
+        // 10 Gbit/s in and out, Kmin one frame: a host writes 64 frames at
+        // once (one AF_XDP batch), and then the same from two ports.
+        let f = roce_frame(0);
+        let len = f.len() as u64;
+        let cfg = ImpairConfig {
+            rate_mbit: 10_000.0,
+            queue_bytes: 1 << 20,
+            kmin_bytes: len,
+            kmax_bytes: 4 * len,
+            pmax: 1.0,
+            ..Default::default()
+        };
+        let run = |ports: usize, ingress_mbit: f64| {
+            let mut imp = Impairer::new(cfg);
+            let mut links = IngressLinks::new(ingress_mbit);
+            let mut last = 0;
+            for k in 0..64 {
+                let t = links.arrival(k % ports, 1000, len);
+                assert!(t >= last, "arrivals go back in time");
+                last = t;
+                imp.push(t, 0, &f, 0);
+            }
+            imp.drain(u64::MAX, |_, _| {});
+            (imp.stats[0], last)
+        };
+        // Without a line rate the burst queues and is marked.
+        let (st, _) = run(1, 0.0);
+        assert!(st.queue_max_bytes >= 32 * len && st.ce_marked > 0, "{st:?}");
+        // One 10 Gbit/s link: each frame finds the last one just gone.
+        let (st, last) = run(1, 10_000.0);
+        assert_eq!(st.ce_marked, 0, "{st:?}");
+        assert!(st.queue_max_bytes <= len + 1, "{st:?}");
+        // The 64 frames took their time on the wire: len bytes at 1.25 B/ns.
+        let wire = (len as f64 / 1.25) as u64;
+        assert_eq!(last, 1000 + 64 * wire);
+        // Two such links into one: the queue grows by half the arrivals.
+        let (st, _) = run(2, 10_000.0);
+        assert!(st.queue_max_bytes >= 16 * len && st.ce_marked > 0, "{st:?}");
+    }
+
+    #[test]
+    fn rates_must_be_finite_and_not_negative() {
+        for bad in [-1.0, f64::NAN, f64::INFINITY] {
+            let cfg = ImpairConfig {
+                ingress_mbit: bad,
+                ..Default::default()
+            };
+            assert!(cfg.validate().unwrap_err().contains("--ingress-mbit"));
+        }
+        assert!(ImpairConfig::default().validate().is_ok());
     }
 
     fn run(cfg: ImpairConfig, n: u32) -> (Vec<Vec<u8>>, Impairer) {

@@ -17,7 +17,9 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use crate::io::packet::{RawSocket, VNET_HDR_LEN};
-use crate::tools::impair::{is_ce, roce_payload_offset, DirStats, ImpairConfig, Impairer};
+use crate::tools::impair::{
+    is_ce, roce_payload_offset, DirStats, ImpairConfig, Impairer, IngressLinks,
+};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct RelayReport {
@@ -191,6 +193,7 @@ pub fn run(o: RelayOptions, cfg: ImpairConfig) -> Result<(RelayReport, Option<Ti
         sock.enable_timestamps().context("SO_TIMESTAMPNS")?;
     }
     let mut imp = Impairer::new(cfg);
+    let mut ingress = IngressLinks::new(cfg.ingress_mbit);
     let start = Instant::now();
     let start_unix_ns = super::unix_ns();
     let mut timeline = o.timeline_bin.map(|b| Timeline {
@@ -240,6 +243,14 @@ pub fn run(o: RelayOptions, cfg: ImpairConfig) -> Result<(RelayReport, Option<Ti
         }
         let got = !batch.is_empty();
         batch.sort_by_key(|b| b.0);
+        // Frames from the A ports arrive as their links deliver them (a
+        // port's frames keep their order: the sort is stable).
+        for (t, i, buf) in batch.iter_mut() {
+            if *i != nb {
+                let len = buf.len().saturating_sub(VNET_HDR_LEN) as u64;
+                *t = ingress.arrival(*i, *t, len);
+            }
+        }
         for (t, i, mut buf) in batch.drain(..) {
             let dir = usize::from(i == nb);
             let eth = &buf[VNET_HDR_LEN.min(buf.len())..];

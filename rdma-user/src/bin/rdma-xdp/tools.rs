@@ -153,6 +153,11 @@ pub struct RelayArgs {
     /// depth behind them), not as they enter.
     #[arg(long)]
     pub mark_on_dequeue: bool,
+    /// The line rate of the links into the A ports, Mbit/s (0: none): a
+    /// frame enters the bottleneck's queue when a link of this rate would
+    /// have delivered it, not in the burst its host wrote.
+    #[arg(long, default_value_t = 0.0)]
+    pub ingress_mbit: f64,
     /// Added one-way delay, microseconds.
     #[arg(long, default_value_t = 0)]
     pub delay_us: u64,
@@ -438,6 +443,7 @@ pub fn relay(r: RelayArgs, g: &Global) -> Result<()> {
         kmax_bytes: r.kmax_bytes,
         pmax: r.pmax,
         mark_on_dequeue: r.mark_on_dequeue,
+        ingress_mbit: r.ingress_mbit,
         delay_us: r.delay_us,
         jitter_us: r.jitter_us,
         reorder_gap: r.reorder_gap,
