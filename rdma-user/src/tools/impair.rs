@@ -230,6 +230,15 @@ pub fn roce_payload_offset(f: &[u8]) -> Option<usize> {
     (dport == ROCE_V2_UDP_PORT && f.len() > udp + 8).then_some(udp + 8)
 }
 
+/// A link that carries one frame at a time at `bytes_per_ns`, busy until
+/// `free_at`: a frame of `len` bytes handed to it at `now` is through when
+/// this returns (the bottleneck's egress and the switch's ingress links
+/// alike, so that equal rates time frames alike).
+fn carry(free_at: &mut u64, now: u64, len: u64, bytes_per_ns: f64) -> u64 {
+    *free_at = (*free_at).max(now) + (len as f64 / bytes_per_ns) as u64;
+    *free_at
+}
+
 /// The links into a switch's ports, each at a line rate: a frame has
 /// arrived when its last byte has, no earlier than the link's previous
 /// frame plus its own time on the wire. A veth has no line rate (a host
@@ -263,8 +272,7 @@ impl IngressLinks {
             if self.free_at.len() <= port {
                 self.free_at.resize(port + 1, 0);
             }
-            t = self.free_at[port].max(stamp) + (len as f64 / self.bytes_per_ns) as u64;
-            self.free_at[port] = t;
+            t = carry(&mut self.free_at[port], stamp, len, self.bytes_per_ns);
         }
         self.last = self.last.max(t);
         self.last
@@ -397,7 +405,6 @@ impl Impairer {
         if self.cfg.rate_mbit > 0.0 {
             // Bytes still queued ahead of this frame at the bottleneck.
             let bytes_per_ns = self.cfg.rate_mbit / 8000.0;
-            let free = self.link_free_at[dir].max(now);
             let queued = self.queued_bytes(dir, now);
             let len = frame.len().saturating_sub(prefix) as u64;
             if queued + len > self.cfg.queue_bytes {
@@ -413,8 +420,7 @@ impl Impairer {
             } else {
                 self.ramp_mark(dir, b, prefix, queued);
             }
-            let done = free + (len as f64 / bytes_per_ns) as u64;
-            self.link_free_at[dir] = done;
+            let done = carry(&mut self.link_free_at[dir], now, len, bytes_per_ns);
             at = done + self.cfg.delay_us * 1000;
         }
         if self.cfg.jitter_us > 0 {
