@@ -676,6 +676,15 @@ impl Qp {
         self.query(|q| q.state())
     }
 
+    /// Whether the XDP program serves this QP's responder now (its
+    /// state is lent to XDP; lending happens on a data path turn that
+    /// found the receive rings empty, after the QP's last request).
+    pub fn lent_to_xdp(&self) -> Result<bool> {
+        let qpn = self.qpn;
+        self.ctx
+            .call(move |dp| -> Result<_> { Ok(dp.core.lent_to_xdp(qpn)) })
+    }
+
     /// UD: the Q_Key datagrams must carry.
     pub fn qkey(&self) -> Result<u32> {
         self.query(|q| q.qkey())

@@ -302,6 +302,19 @@ pub fn verbs_demo(a: &str, b: &str, pooled_twice: bool) -> Result<()> {
                 .map(|i| (i * 3 + k as u32 * 50 + 1) as u8)
                 .collect();
             ma.write(0, &data)?;
+            if rkey == m1.rkey {
+                // The first MR's WRITEs are for XDP to place: wait until B
+                // lent the QP to it again (asynchronously, on a turn of
+                // its data path after the last request), or the WRITE
+                // would go to the engine and prove nothing about the pool.
+                let start = Instant::now();
+                while !qb.lent_to_xdp()? {
+                    if start.elapsed() > Duration::from_secs(5) {
+                        bail!("B's QP was not lent to XDP within 5 s");
+                    }
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+            }
             let w = one_sided(
                 10 + k as u64,
                 WrOpcode::RdmaWrite,

@@ -515,6 +515,11 @@ impl Core {
         }
     }
 
+    /// Whether QP `qpn`'s responder is lent to XDP now.
+    pub fn lent_to_xdp(&self, qpn: u32) -> bool {
+        self.qps.get(&qpn).is_some_and(|s| s.lend.lent)
+    }
+
     /// The XDP responder's counters of QP `qpn`, if it has a slot.
     pub fn xdp_responder_stats(&self, qpn: u32) -> Option<serde_json::Value> {
         let fast = self.fast.as_ref()?;
