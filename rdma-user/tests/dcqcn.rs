@@ -101,6 +101,7 @@ fn a_ce_mark_brings_a_cnp_of_the_annex_format_and_the_sender_slows_down() {
     write(&mut a, &b, 1, 512);
     let f = frames(&mut a, 1_000);
     assert_eq!(f.len(), 1);
+    assert!(!a.core.tx_paced(), "at line rate nothing is paced");
     assert_eq!(ecn_of(&f[0]) & 3, 0b10, "data goes out ECT(0)");
     b.core.handle_frame(1_000, &mark_ce(&f[0]));
     let out = frames(&mut b, 1_000);
@@ -155,12 +156,16 @@ fn a_ce_mark_brings_a_cnp_of_the_annex_format_and_the_sender_slows_down() {
     // one per 1.7 µs, and the data path is told when the next may go.
     write(&mut a, &b, 3, 48 * 1024);
     let now = 30_000;
+    // The data path learns that what is left waits for pacing, not for
+    // a full ring: it may sleep until the deadline instead of spinning.
     let burst = frames(&mut a, now).len();
     assert!((15..=19).contains(&burst), "{burst}");
+    assert!(a.core.tx_paced());
     let next = a.core.handle_timers(now).expect("a pacing deadline");
     assert!(next > now && next < now + 5_000, "{}", next - now);
     assert!(frames(&mut a, next - 1).is_empty());
     assert_eq!(frames(&mut a, next).len(), 1);
+    assert!(a.core.tx_paced());
 }
 
 /// A CNP of `opc` from host `from_last` to QP `qpn` at host `to_last`.

@@ -372,6 +372,9 @@ pub struct Core {
     pub limits: Limits,
     rng: u64,
     rr: usize,
+    /// The last `build_frame` left a QP's packets to DCQCN's pacing (its
+    /// deadline is among the timers).
+    tx_paced: bool,
     qp_order: Vec<u32>,
     /// Rung by posters and control calls while the thread waits.
     pub doorbell: Option<Arc<Doorbell>>,
@@ -437,6 +440,7 @@ impl Core {
             limits,
             rng: seed,
             rr: 0,
+            tx_paced: false,
             qp_order: Vec::new(),
             doorbell: None,
             async_events: None,
@@ -1033,6 +1037,12 @@ impl Core {
         }
     }
 
+    /// Whether the last [`Core::build_frame`] found a QP with packets
+    /// that only DCQCN's pacing holds back.
+    pub fn tx_paced(&self) -> bool {
+        self.tx_paced
+    }
+
     /// The next frame of any QP, round robin, into `buf`: its length, 0 for
     /// nothing, or `xsk::NEEDS_LARGER` when only QPs whose frames do not
     /// fit `buf` may have something.
@@ -1047,6 +1057,7 @@ impl Core {
         }
         let n = self.qp_order.len();
         let mut too_small = false;
+        self.tx_paced = false;
         for i in 0..n {
             let idx = (self.rr + i) % n;
             let qpn = self.qp_order[idx];
@@ -1124,6 +1135,7 @@ impl Core {
                 self.rr = (idx + 1) % n;
                 return len;
             }
+            self.tx_paced |= slot.qp.pacing_blocked(now);
             Self::drain_wcs(
                 slot,
                 &mut self.cqs,
@@ -1371,6 +1383,7 @@ impl DataPath {
         let next = core.handle_timers(now);
         if let Some(x) = self.xsks.first_mut() {
             let mut sent = 0;
+            let mut emptied = false;
             loop {
                 if x.tx_room() == 0 {
                     x.reap();
@@ -1380,6 +1393,7 @@ impl DataPath {
                     }
                 }
                 if !x.send_with(|buf| core.build_frame(now, buf)) {
+                    emptied = true;
                     break;
                 }
                 sent += 1;
@@ -1400,7 +1414,13 @@ impl DataPath {
                 self.kick_deferred = false;
                 x.kick();
             }
-            work |= sent > 0;
+            // Packets sent that leave the rest to DCQCN's pacing are not a
+            // reason to spin: nothing more can go before the pacing
+            // deadline, which the next turn's timers report, so the thread
+            // may sleep until then (or a frame). Spinning after each
+            // paced packet kept four paced senders on one core busy, and
+            // each woke a scheduler tick (4 ms) or more late.
+            work |= sent > 0 && !(emptied && core.tx_paced);
         }
         (work, next)
     }

@@ -938,6 +938,12 @@ impl QpEngine {
         })
     }
 
+    /// Something waits to be sent and only DCQCN's pacing holds it back
+    /// (until a deadline `poll_timeout` reports).
+    pub fn pacing_blocked(&self, now: Nanos) -> bool {
+        self.cc.deadline().is_some_and(|t| t > now) && self.has_tx_work()
+    }
+
     /// Something is waiting to be sent (for the pacing deadline).
     pub(super) fn has_tx_work(&self) -> bool {
         !self.resp.resp_q.is_empty()
