@@ -60,6 +60,11 @@ pub(crate) struct Options {
     /// the sender writes its AF_XDP batches).
     #[arg(long, default_value_t = 10_000.0)]
     pub(crate) ingress_mbit: f64,
+    /// Lossless Ethernet: the switch pauses its senders (PFC) when its
+    /// queue is full instead of dropping; the records count the pauses
+    /// and their time.
+    #[arg(long)]
+    pub(crate) pfc: bool,
 }
 
 /// One flow: when it starts and stops (seconds from the scenario's start).
@@ -149,6 +154,9 @@ fn testbed_cc(rate_mbit: f64) -> Vec<String> {
     ]
 }
 
+/// The bottleneck's queue: 1 MiB (see `run_one`). With `--pfc` the
+/// switch pauses its senders when it is full.
+const QUEUE_BYTES: u64 = 1 << 20;
 const BIN_MS: f64 = 10.0;
 const WINDOW_MS: f64 = 100.0;
 /// Convergence: the first 100 ms window after the event from which the
@@ -256,6 +264,7 @@ pub(crate) fn congestion(o: &Options) -> Result<()> {
             "pmax": o.pmax,
             "mark_on_dequeue": !o.mark_on_enqueue,
             "ingress_mbit": o.ingress_mbit,
+            "pfc": o.pfc,
             "cc": cc,
             "quick": o.quick,
             "records": records,
@@ -335,11 +344,19 @@ fn run_one(
     // once, as incast's first burst does before any CNP can. Marking
     // follows the ramp (the DCQCN paper's shape: none below Kmin, Pmax at
     // Kmax, every frame beyond), decided as a frame leaves the queue by
-    // the depth behind it (see `--mark-on-dequeue`).
+    // the depth behind it (see `--mark-on-dequeue`). With --pfc nothing
+    // overflows: the switch pauses its senders (at once, no headroom
+    // needed) while the queue is full, as lossless RoCE fabrics do; DCQCN
+    // is then what keeps the pauses few.
     relay
         .args(["--b", "rcg-wr", "--rate-mbit", &rate.to_string()])
         .args(["--ingress-mbit", &o.ingress_mbit.to_string()])
-        .args(["--queue-bytes", "1048576"])
+        .args(["--queue-bytes", &QUEUE_BYTES.to_string()])
+        .args(if o.pfc {
+            vec!["--pfc-xoff-bytes".to_string(), QUEUE_BYTES.to_string()]
+        } else {
+            vec![]
+        })
         .args(["--kmin-bytes", &o.kmin_bytes.to_string()])
         .args(["--kmax-bytes", &o.kmax_bytes.to_string()])
         .args(["--pmax", &o.pmax.to_string()])
@@ -614,6 +631,9 @@ fn metrics(o: &Options, sc: &Scenario, dcqcn: bool, run: &Run) -> Value {
         "convergence_ms": convergence_ms,
         "event_s": sc.event,
         "bottleneck_drops": run.relay["a_to_b"]["bottleneck_drops"],
+        "pfc": o.pfc,
+        "pfc_pauses": run.relay["a_to_b"]["pfc_pauses"],
+        "pfc_paused_ms": r3(run.relay["a_to_b"]["pfc_paused_ns"].as_f64().unwrap_or(0.0) / 1e6),
         "ce_marked": run.relay["a_to_b"]["ce_marked"],
         "cnps_sent": run.server["np_cnp_sent"],
         "queue_p99_bytes": ((p99_bucket + 1) as f64 * s.bucket) as u64,
@@ -626,12 +646,12 @@ fn metrics(o: &Options, sc: &Scenario, dcqcn: bool, run: &Run) -> Value {
 
 fn summary(records: &[Value]) -> String {
     let mut md = String::from(
-        "| scenario | DCQCN | flows | Jain (mean / min) | utilisation (wire / goodput) | convergence ms | drops | CE marks | CNPs | queue p99 KiB | per-flow Mbit/s | retransmits |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| scenario | DCQCN | flows | Jain (mean / min) | utilisation (wire / goodput) | convergence ms | drops | PFC pauses (ms) | CE marks | CNPs | queue p99 KiB | per-flow Mbit/s | retransmits |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in records {
         let pf = r["per_flow"].as_array().cloned().unwrap_or_default();
         md += &format!(
-            "| {} | {} | {} | {:.3} / {:.3} | {:.3} / {:.3} | {} | {} | {} | {} | {:.0} | {} | {} |\n",
+            "| {} | {} | {} | {:.3} / {:.3} | {:.3} / {:.3} | {} | {} | {} | {} | {} | {:.0} | {} | {} |\n",
             r["scenario"].as_str().unwrap_or(""),
             if r["dcqcn"].as_bool() == Some(true) { "on" } else { "off" },
             r["flows"],
@@ -645,6 +665,15 @@ fn summary(records: &[Value]) -> String {
                 (false, Some(v)) => format!("{v:.0}"),
             },
             r["bottleneck_drops"],
+            if r["pfc"].as_bool() == Some(true) {
+                format!(
+                    "{} ({:.1})",
+                    r["pfc_pauses"],
+                    r["pfc_paused_ms"].as_f64().unwrap_or(0.0)
+                )
+            } else {
+                "off".to_string()
+            },
             r["ce_marked"],
             r["cnps_sent"],
             r["queue_p99_bytes"].as_f64().unwrap_or(0.0) / 1024.0,

@@ -43,6 +43,15 @@ pub struct ImpairConfig {
     /// [`IngressLinks`]).
     #[serde(default)]
     pub ingress_mbit: f64,
+    /// Lossless Ethernet (PFC, IEEE 802.1Qbb), 0: off. A RoCE frame that
+    /// would take the bottleneck's queue past this many bytes is not
+    /// dropped: the switch pauses its ingress ports, and the frame waits
+    /// in its sender's NIC until the queue has drained enough to take it
+    /// (with everything behind it on every port). The pause acts at once
+    /// (no headroom: nothing is in flight on a link of no length), so the
+    /// queue never passes this and `queue_bytes` never drops.
+    #[serde(default)]
+    pub pfc_xoff_bytes: u64,
     pub delay_us: u64,
     pub jitter_us: u64,
     /// A reordered frame is held back until this many later frames of the
@@ -71,6 +80,7 @@ impl Default for ImpairConfig {
             pmax: 0.2,
             mark_on_dequeue: false,
             ingress_mbit: 0.0,
+            pfc_xoff_bytes: 0,
             delay_us: 0,
             jitter_us: 0,
             reorder_gap: 3,
@@ -107,6 +117,12 @@ impl ImpairConfig {
                     "--{name} {r}: a rate in Mbit/s, 0 or more (0: no limit)"
                 ));
             }
+        }
+        if self.pfc_xoff_bytes > self.queue_bytes {
+            return Err(format!(
+                "--pfc-xoff-bytes {} is above --queue-bytes {}: the switch must pause its senders before its queue is full",
+                self.pfc_xoff_bytes, self.queue_bytes
+            ));
         }
         Ok(())
     }
@@ -146,6 +162,16 @@ pub struct DirStats {
     pub bottleneck_drops: u64,
     #[serde(default)]
     pub queue_max_bytes: u64,
+    /// With PFC: the pauses the bottleneck's queue caused (a pause begins
+    /// when a frame has to wait while the ingress is running), how long
+    /// the ingress stood paused in all (ns, overlapping pauses once), and
+    /// the frames that had to wait.
+    #[serde(default)]
+    pub pfc_pauses: u64,
+    #[serde(default)]
+    pub pfc_paused_ns: u64,
+    #[serde(default)]
+    pub pfc_held_frames: u64,
     pub reordered: u64,
     /// Frames handed to the other side (duplicates count twice).
     pub tx: u64,
@@ -299,6 +325,10 @@ pub struct Impairer {
     seq: u64,
     /// The bottleneck of each direction is busy until then (ns).
     link_free_at: [u64; 2],
+    /// With PFC, per direction: the latest time a frame entered the queue
+    /// (entries keep their order), and until when the ingress is paused.
+    entered_at: [u64; 2],
+    paused_until: [u64; 2],
     /// Per buffer: a bottleneck mark to decide as it leaves, with
     /// `mark_on_dequeue`: the frame's prefix length, and the bytes that had
     /// entered its direction's queue up to and with it.
@@ -323,6 +353,8 @@ impl Impairer {
             held: VecDeque::new(),
             seq: 0,
             link_free_at: [0; 2],
+            entered_at: [0; 2],
+            paused_until: [0; 2],
             mark_at_exit: Vec::new(),
             in_queue: [VecDeque::new(), VecDeque::new()],
             entered: [0; 2],
@@ -405,9 +437,33 @@ impl Impairer {
         if self.cfg.rate_mbit > 0.0 {
             // Bytes still queued ahead of this frame at the bottleneck.
             let bytes_per_ns = self.cfg.rate_mbit / 8000.0;
-            let queued = self.queued_bytes(dir, now);
             let len = frame.len().saturating_sub(prefix) as u64;
-            if queued + len > self.cfg.queue_bytes {
+            let mut enter = now;
+            let mut queued = self.backlog_bytes(dir, now);
+            let xoff = self.cfg.pfc_xoff_bytes;
+            if xoff > 0 {
+                // Lossless: the frame enters once the queue ahead of it
+                // has drained to `xoff - len` (the queue drains at the
+                // link's rate until `link_free_at`), and not before the
+                // frame ahead of it entered.
+                let room = xoff.saturating_sub(len);
+                if queued > room {
+                    let drain_ns = ((queued - room) as f64 / bytes_per_ns).ceil() as u64;
+                    enter = now + drain_ns;
+                }
+                enter = enter.max(self.entered_at[dir]);
+                self.entered_at[dir] = enter;
+                if enter > now {
+                    let st = &mut self.stats[dir];
+                    st.pfc_held_frames += 1;
+                    if now >= self.paused_until[dir] {
+                        st.pfc_pauses += 1;
+                    }
+                    st.pfc_paused_ns += enter - now.max(self.paused_until[dir]).min(enter);
+                    self.paused_until[dir] = self.paused_until[dir].max(enter);
+                }
+                queued = self.backlog_bytes(dir, enter);
+            } else if queued + len > self.cfg.queue_bytes {
                 self.stats[dir].bottleneck_drops += 1;
                 self.free.push(b);
                 return;
@@ -415,12 +471,12 @@ impl Impairer {
             self.stats[dir].queue_max_bytes = self.stats[dir].queue_max_bytes.max(queued + len);
             if self.cfg.mark_on_dequeue {
                 self.entered[dir] += len;
-                self.in_queue[dir].push_back((now, self.entered[dir]));
+                self.in_queue[dir].push_back((enter, self.entered[dir]));
                 self.mark_at_exit[b] = Some((prefix, self.entered[dir]));
             } else {
                 self.ramp_mark(dir, b, prefix, queued);
             }
-            let done = carry(&mut self.link_free_at[dir], now, len, bytes_per_ns);
+            let done = carry(&mut self.link_free_at[dir], enter, len, bytes_per_ns);
             at = done + self.cfg.delay_us * 1000;
         }
         if self.cfg.jitter_us > 0 {
@@ -478,8 +534,20 @@ impl Impairer {
         }
     }
 
-    /// Bytes queued at the bottleneck of direction `dir` at `now`.
+    /// Bytes queued at the bottleneck of direction `dir` at `now`: with
+    /// PFC, the frames that have entered it (not those still held in
+    /// their senders' NICs by a pause).
     pub fn queued_bytes(&self, dir: usize, now: u64) -> u64 {
+        let q = self.backlog_bytes(dir, now);
+        match self.cfg.pfc_xoff_bytes {
+            0 => q,
+            xoff => q.min(xoff),
+        }
+    }
+
+    /// Bytes the bottleneck of direction `dir` still has to send at `now`,
+    /// including frames a pause holds before it.
+    fn backlog_bytes(&self, dir: usize, now: u64) -> u64 {
         let free = self.link_free_at[dir & 1];
         if self.cfg.rate_mbit <= 0.0 || free <= now {
             return 0;
@@ -655,6 +723,95 @@ mod tests {
         let all_marked = out.iter().filter(|(_, x)| marked(x)).count() as u64;
         assert_eq!(all_marked, st.ce_marked);
         assert_eq!(out.len() as u64 + st.bottleneck_drops, 2000);
+    }
+
+    #[test]
+    fn with_pfc_a_full_queue_pauses_its_senders_and_loses_nothing() {
+        // The overload above, lossless: pause at 15 000 bytes.
+        let mut imp = Impairer::new(ImpairConfig {
+            rate_mbit: 100.0,
+            queue_bytes: 20_000,
+            kmin_bytes: 2_000,
+            kmax_bytes: 10_000,
+            pmax: 0.5,
+            pfc_xoff_bytes: 15_000,
+            ..Default::default()
+        });
+        let mut out = Vec::new();
+        let mut queue_max = 0;
+        for k in 0..2000u64 {
+            imp.push(k * 1000, 0, &roce_frame(k as u32), 0);
+            queue_max = queue_max.max(imp.queued_bytes(0, k * 1000));
+            imp.drain(k * 1000, |_, x| out.push((k, x.to_vec())));
+        }
+        let st = imp.stats[0];
+        assert_eq!(st.bottleneck_drops, 0, "{st:?}");
+        assert!(
+            st.queue_max_bytes <= 15_000 && queue_max <= 15_000,
+            "{st:?}"
+        );
+        // The link never idles once the queue built: frames leave at its
+        // rate, as without PFC.
+        let per = roce_frame(0).len() as u64 * 80;
+        let n = out.len() as u64;
+        assert!(
+            (n as i64 - (2_000_000 / per) as i64).abs() <= 2,
+            "{n} frames out"
+        );
+        // One pause that lasts: the arrivals outrun the link all along.
+        // It begins once the queue reached 15 000 bytes (frames of ~80
+        // bytes come every µs and leave every ~6.5 µs: after ~220 µs; every
+        // frame from then on waits) and
+        // ends when the last frame enters, 15 000 bytes' time (1.2 ms)
+        // before the link has sent everything.
+        assert_eq!(st.pfc_pauses, 1, "{st:?}");
+        assert!(st.pfc_held_frames > 1700, "{st:?}");
+        let last_entry = 2000 * per - 15_000 * 80;
+        assert!(
+            st.pfc_paused_ns <= last_entry && st.pfc_paused_ns > last_entry - 400_000,
+            "{st:?}, last entry at {last_entry} ns"
+        );
+        // Everything comes out, in order, and the marks stay on the ramp.
+        imp.drain(u64::MAX, |_, x| out.push((0, x.to_vec())));
+        assert_eq!(out.len(), 2000);
+        for (k, (_, x)) in out.iter().enumerate() {
+            assert_eq!(RoceRepr::parse(x).unwrap().0.transport.bth.psn, k as u32);
+        }
+        let marked = |x: &Vec<u8>| RoceRepr::parse(x).unwrap().0.ip.traffic_class() & 3 == 3;
+        assert!(out.iter().take(20).all(|(_, x)| !marked(x)));
+        assert_eq!(
+            out.iter().filter(|(_, x)| marked(x)).count() as u64,
+            st.ce_marked
+        );
+        // A queue that drains between bursts pauses once per burst.
+        let mut imp = Impairer::new(ImpairConfig {
+            rate_mbit: 100.0,
+            queue_bytes: 20_000,
+            pfc_xoff_bytes: 15_000,
+            ..Default::default()
+        });
+        for burst in 0..3u64 {
+            for k in 0..400u64 {
+                imp.push(burst * 100_000_000 + k, 0, &roce_frame(0), 0);
+            }
+        }
+        assert_eq!(imp.stats[0].pfc_pauses, 3, "{:?}", imp.stats[0]);
+        assert_eq!(imp.stats[0].bottleneck_drops, 0);
+    }
+
+    #[test]
+    fn pfc_must_pause_before_the_queue_is_full() {
+        let cfg = ImpairConfig {
+            queue_bytes: 1000,
+            pfc_xoff_bytes: 1001,
+            ..Default::default()
+        };
+        assert!(cfg.validate().unwrap_err().contains("--pfc-xoff-bytes"));
+        let cfg = ImpairConfig {
+            pfc_xoff_bytes: 1000,
+            ..cfg
+        };
+        assert!(cfg.validate().is_ok());
     }
 
     #[test]

@@ -158,6 +158,11 @@ pub struct RelayArgs {
     /// have delivered it, not in the burst its host wrote.
     #[arg(long, default_value_t = 0.0)]
     pub ingress_mbit: f64,
+    /// Lossless Ethernet (PFC): instead of dropping, pause the A ports
+    /// while the bottleneck's queue holds this many bytes (0: off, frames
+    /// beyond --queue-bytes are dropped). At most --queue-bytes.
+    #[arg(long, default_value_t = 0)]
+    pub pfc_xoff_bytes: u64,
     /// Added one-way delay, microseconds.
     #[arg(long, default_value_t = 0)]
     pub delay_us: u64,
@@ -444,6 +449,7 @@ pub fn relay(r: RelayArgs, g: &Global) -> Result<()> {
         pmax: r.pmax,
         mark_on_dequeue: r.mark_on_dequeue,
         ingress_mbit: r.ingress_mbit,
+        pfc_xoff_bytes: r.pfc_xoff_bytes,
         delay_us: r.delay_us,
         jitter_us: r.jitter_us,
         reorder_gap: r.reorder_gap,
