@@ -686,24 +686,34 @@ mod tests {
         assert!(deq[89..].iter().all(|m| !m), "the last leave an idle link");
     }
 
-    #[test]
-    fn a_bottleneck_queues_marks_by_its_length_and_drops_when_full() {
-        // 100 Mbit/s, frames every 1 µs: ~85 B frames arrive at 680 Mbit/s,
-        // so the queue grows until it is full.
+    /// A 100 Mbit/s bottleneck (queue 20 000 bytes, marks from 2 000 to
+    /// 10 000) overloaded: frames of ~85 B, PSN k, every 1 µs (680
+    /// Mbit/s) for 2 ms, drained as they go; with `pfc_xoff_bytes`. The
+    /// frames out, with the µs they left in, and the deepest queue seen.
+    fn overload(pfc_xoff_bytes: u64) -> (Impairer, Vec<(u64, Vec<u8>)>, u64) {
         let mut imp = Impairer::new(ImpairConfig {
             rate_mbit: 100.0,
             queue_bytes: 20_000,
             kmin_bytes: 2_000,
             kmax_bytes: 10_000,
             pmax: 0.5,
+            pfc_xoff_bytes,
             ..Default::default()
         });
         let mut out = Vec::new();
-        let f = roce_frame(0);
+        let mut queue_max = 0;
         for k in 0..2000u64 {
-            imp.push(k * 1000, 0, &f, 0);
+            imp.push(k * 1000, 0, &roce_frame(k as u32), 0);
+            queue_max = queue_max.max(imp.queued_bytes(0, k * 1000));
             imp.drain(k * 1000, |_, x| out.push((k, x.to_vec())));
         }
+        (imp, out, queue_max)
+    }
+
+    #[test]
+    fn a_bottleneck_queues_marks_by_its_length_and_drops_when_full() {
+        let (mut imp, mut out, _) = overload(0);
+        let f = roce_frame(0);
         let st = imp.stats[0];
         assert!(st.queue_max_bytes <= 20_000, "{st:?}");
         assert!(st.bottleneck_drops > 0 && st.ce_marked > 0, "{st:?}");
@@ -728,22 +738,7 @@ mod tests {
     #[test]
     fn with_pfc_a_full_queue_pauses_its_senders_and_loses_nothing() {
         // The overload above, lossless: pause at 15 000 bytes.
-        let mut imp = Impairer::new(ImpairConfig {
-            rate_mbit: 100.0,
-            queue_bytes: 20_000,
-            kmin_bytes: 2_000,
-            kmax_bytes: 10_000,
-            pmax: 0.5,
-            pfc_xoff_bytes: 15_000,
-            ..Default::default()
-        });
-        let mut out = Vec::new();
-        let mut queue_max = 0;
-        for k in 0..2000u64 {
-            imp.push(k * 1000, 0, &roce_frame(k as u32), 0);
-            queue_max = queue_max.max(imp.queued_bytes(0, k * 1000));
-            imp.drain(k * 1000, |_, x| out.push((k, x.to_vec())));
-        }
+        let (mut imp, mut out, queue_max) = overload(15_000);
         let st = imp.stats[0];
         assert_eq!(st.bottleneck_drops, 0, "{st:?}");
         assert!(

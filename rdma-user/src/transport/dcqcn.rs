@@ -574,14 +574,17 @@ mod tests {
                 d.sent(now, 4096, ends);
             }
         };
-        let mut d = Dcqcn::new(CcParams::default());
-        burst(&mut d, 0);
-        assert!(d.on_cnp(RATE_WINDOW + RATE_WINDOW / 2));
-        let mut t = 5 * RATE_WINDOW;
-        while t <= 95 * RATE_WINDOW {
-            burst(&mut d, t);
-            t += 5 * RATE_WINDOW;
-        }
+        // A first cut, then a burst every 5 ms up to `last` ms.
+        let cut_then_bursts = |last: u64| {
+            let mut d = Dcqcn::new(CcParams::default());
+            burst(&mut d, 0);
+            assert!(d.on_cnp(RATE_WINDOW + RATE_WINDOW / 2));
+            for ms in (5..=last).step_by(5) {
+                burst(&mut d, ms * RATE_WINDOW);
+            }
+            d
+        };
+        let mut d = cut_then_bursts(95);
         let rc = d.rc;
         assert!(rc > 300.0, "recovered: {rc}");
         assert!(d.on_cnp(95 * RATE_WINDOW + RATE_WINDOW / 2));
@@ -589,14 +592,7 @@ mod tests {
         assert!((d.rt - sent).abs() < 0.01 * sent, "rt {} sent {sent}", d.rt);
         // An idle gap (nothing in flight) longer than two windows starts
         // the history again: the cut after it is from RC.
-        let mut d = Dcqcn::new(CcParams::default());
-        burst(&mut d, 0);
-        assert!(d.on_cnp(RATE_WINDOW + RATE_WINDOW / 2));
-        let mut t = 5 * RATE_WINDOW;
-        while t <= 50 * RATE_WINDOW {
-            burst(&mut d, t);
-            t += 5 * RATE_WINDOW;
-        }
+        let mut d = cut_then_bursts(50);
         for k in 0..16 {
             d.sent(60 * RATE_WINDOW + k * 400, 4096, false);
         }
