@@ -184,6 +184,36 @@ fn tail(path: &Path, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join(" | ")
 }
 
+/// The crash a kernel console shows, in one line: its first "Oops:",
+/// "BUG:" or "Kernel panic" line without the timestamp, the RIP, and up to
+/// eight call trace frames the unwinder is sure of (no leading `?`).
+fn panic_summary(console: &str) -> Option<String> {
+    let body = |l: &str| match l.find("] ") {
+        Some(i) if l.starts_with('[') => l[i + 2..].trim().to_string(),
+        _ => l.trim().to_string(),
+    };
+    let lines: Vec<String> = console.lines().map(body).collect();
+    let first = lines.iter().position(|l| {
+        l.starts_with("Oops:") || l.starts_with("BUG:") || l.starts_with("Kernel panic")
+    })?;
+    let mut out = vec![lines[first].clone()];
+    let rest = &lines[first..];
+    if let Some(rip) = rest.iter().find(|l| l.starts_with("RIP: 0010:")) {
+        out.push(rip.clone());
+    }
+    if let Some(at) = rest.iter().position(|l| l == "Call Trace:") {
+        let frames: Vec<&str> = rest[at + 1..]
+            .iter()
+            .take_while(|l| *l != "</TASK>")
+            .filter(|l| !l.starts_with('?') && *l != "<TASK>")
+            .map(|l| l.split('+').next().unwrap_or(l))
+            .take(8)
+            .collect();
+        out.push(format!("called from {}", frames.join(" < ")));
+    }
+    Some(out.join("; "))
+}
+
 impl Lab {
     /// Boots `vms` on a fresh network (removing a previous lab's leftovers
     /// first) and waits until rxe0 exists in each and its agent answers.
@@ -358,6 +388,14 @@ impl Lab {
     /// Seconds from starting QEMU until the VM was ready.
     pub fn boot_time(&self, id: VmId) -> Duration {
         self.vm(id).map(|v| v.boot).unwrap_or_default()
+    }
+
+    /// If VM `id`'s kernel crashed (its console shows an Oops or a
+    /// panic; the VM then exits, `panic=-1`), a one-line summary: the
+    /// crash, where, and the call trace's certain frames.
+    pub fn kernel_panic(&self, id: VmId) -> Option<String> {
+        let text = fs::read(&self.vm(id).ok()?.console).ok()?;
+        panic_summary(&String::from_utf8_lossy(&text))
     }
 
     pub fn agent(&self, id: VmId) -> Result<&Agent> {
@@ -574,5 +612,38 @@ impl Capture {
 impl Drop for Capture {
     fn drop(&mut self) {
         self.finish();
+    }
+}
+
+#[cfg(test)]
+mod panic_tests {
+    use super::panic_summary;
+
+    #[test]
+    fn a_console_with_a_crash_gives_it_in_one_line() {
+        // From a TCG guest of 2026-12-06 (trimmed).
+        let console = "RXEVM-READY b 6.04
+[   84.508476] traps: PANIC: double fault, error_code: 0x0
+[   84.511848] Oops: double fault: 0000 [#1] SMP NOPTI
+[   84.512781] CPU: 0 UID: 0 PID: 340 Comm: rdma-xdp Not tainted 6.16.12+deb13-amd64 #1
+[   84.513150] RIP: 0010:kmem_cache_alloc_node_noprof+0x70/0x400
+[   84.514994] Call Trace:
+[   84.516410]  <TASK>
+[   84.517164]  ? kmalloc_reserve+0x93/0x100
+[   84.517252]  kmalloc_reserve+0x93/0x100
+[   84.517475]  __alloc_skb+0x89/0x1a0
+[   84.517585]  __xsk_generic_xmit+0x778/0xb70
+[   84.517669]  xsk_sendmsg+0xda/0x1c0
+[   84.517779]  ? psi_task_switch+0x131/0x390
+[   84.517395]  </TASK>
+[   84.521534] Kernel panic - not syncing: Fatal exception in interrupt
+";
+        assert_eq!(
+            panic_summary(console).unwrap(),
+            "Oops: double fault: 0000 [#1] SMP NOPTI; \
+             RIP: 0010:kmem_cache_alloc_node_noprof+0x70/0x400; \
+             called from kmalloc_reserve < __alloc_skb < __xsk_generic_xmit < xsk_sendmsg"
+        );
+        assert_eq!(panic_summary("RXEVM-READY a 5.1\n[ 1.0] eth0: up\n"), None);
     }
 }
