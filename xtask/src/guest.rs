@@ -655,7 +655,7 @@ pub(crate) fn guest(quick: bool, keep_vm: bool) -> Result<()> {
             // fault in the guest's AF_XDP copy-mode transmit, with
             // impossible flags) takes its VM down, and this case and the
             // ones after it with it. Said as it is, the VMs are booted
-            // again and the case runs once more; a second crash fails it.
+            // again and the case runs once more; a second failure fails it.
             if res.is_err() {
                 if let Some(crash) = guest_crash(&lab) {
                     println!(

@@ -326,9 +326,9 @@ pub struct Impairer {
     /// The bottleneck of each direction is busy until then (ns).
     link_free_at: [u64; 2],
     /// With PFC, per direction: the latest time a frame entered the queue
-    /// (entries keep their order), and until when the ingress is paused.
+    /// (entries keep their order). Later than now, it is until when the
+    /// ingress stands paused: the last frame to enter was held.
     entered_at: [u64; 2],
-    paused_until: [u64; 2],
     /// Per buffer: a bottleneck mark to decide as it leaves, with
     /// `mark_on_dequeue`: the frame's prefix length, and the bytes that had
     /// entered its direction's queue up to and with it.
@@ -354,7 +354,6 @@ impl Impairer {
             seq: 0,
             link_free_at: [0; 2],
             entered_at: [0; 2],
-            paused_until: [0; 2],
             mark_at_exit: Vec::new(),
             in_queue: [VecDeque::new(), VecDeque::new()],
             entered: [0; 2],
@@ -451,16 +450,16 @@ impl Impairer {
                     let drain_ns = ((queued - room) as f64 / bytes_per_ns).ceil() as u64;
                     enter = now + drain_ns;
                 }
-                enter = enter.max(self.entered_at[dir]);
+                let paused_until = self.entered_at[dir];
+                enter = enter.max(paused_until);
                 self.entered_at[dir] = enter;
                 if enter > now {
                     let st = &mut self.stats[dir];
                     st.pfc_held_frames += 1;
-                    if now >= self.paused_until[dir] {
+                    if now >= paused_until {
                         st.pfc_pauses += 1;
                     }
-                    st.pfc_paused_ns += enter - now.max(self.paused_until[dir]).min(enter);
-                    self.paused_until[dir] = self.paused_until[dir].max(enter);
+                    st.pfc_paused_ns += enter - now.max(paused_until);
                 }
                 queued = self.backlog_bytes(dir, enter);
             } else if queued + len > self.cfg.queue_bytes {

@@ -81,12 +81,14 @@ impl QpEngine {
 
     /// Earliest time at which [`QpEngine::handle_timeout`] has work to do.
     pub fn poll_timeout(&self) -> Option<Nanos> {
-        // Pacing: only while something waits to go.
-        let pace = self.cc.deadline().filter(|_| self.has_tx_work());
-        [self.comp.rto_deadline, self.comp.rnr_until, pace]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.comp.rto_deadline,
+            self.comp.rnr_until,
+            self.pace_deadline(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     pub fn handle_timeout(&mut self, now: Nanos) {

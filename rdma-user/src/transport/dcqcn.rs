@@ -211,10 +211,11 @@ const RATE_WINDOW: Nanos = 1_000_000;
 /// span several round trips of the test bed's queues (8 ms at least).
 const RATE_HISTORY: usize = 8;
 
-/// Before a QP's first cut, a window stretched by waiting for ACKs still
-/// counts up to this long: a window-limited flow behind a congested queue sends one
-/// burst per round trip, tens of milliseconds apart, and its rate is what
-/// those bursts add up to, gaps included.
+/// A window stretched by waiting for ACKs still counts up to this long (in
+/// the history, and, before a QP's first cut, as the open window): a
+/// window-limited flow behind a congested queue sends one burst per round
+/// trip, tens of milliseconds apart, and its rate is what those bursts add
+/// up to, gaps included.
 const RATE_WINDOW_AWAITING: Nanos = 100_000_000;
 
 impl Dcqcn {

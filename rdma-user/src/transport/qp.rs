@@ -938,10 +938,16 @@ impl QpEngine {
         })
     }
 
+    /// When DCQCN's pacing lets the next packet go: only while something
+    /// waits to go.
+    pub(super) fn pace_deadline(&self) -> Option<Nanos> {
+        self.cc.deadline().filter(|_| self.has_tx_work())
+    }
+
     /// Something waits to be sent and only DCQCN's pacing holds it back
-    /// (until a deadline `poll_timeout` reports).
+    /// (until [`QpEngine::pace_deadline`], among `poll_timeout`'s).
     pub fn pacing_blocked(&self, now: Nanos) -> bool {
-        self.cc.deadline().is_some_and(|t| t > now) && self.has_tx_work()
+        self.pace_deadline().is_some_and(|t| t > now)
     }
 
     /// Something is waiting to be sent (for the pacing deadline).
