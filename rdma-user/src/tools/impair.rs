@@ -54,6 +54,10 @@ pub struct ImpairConfig {
     pub pfc_xoff_bytes: u64,
     pub delay_us: u64,
     pub jitter_us: u64,
+    /// More one-way delay, microseconds, for CM MADs only (RoCEv2 to
+    /// destination QP 1): a management path slower than the data path,
+    /// so a MAD can fall behind data frames sent before it.
+    pub mad_delay_us: u64,
     /// A reordered frame is held back until this many later frames of the
     /// same direction have passed it ...
     pub reorder_gap: u32,
@@ -83,6 +87,7 @@ impl Default for ImpairConfig {
             pfc_xoff_bytes: 0,
             delay_us: 0,
             jitter_us: 0,
+            mad_delay_us: 0,
             reorder_gap: 3,
             reorder_max_us: 1000,
             seed: 1,
@@ -130,7 +135,7 @@ impl ImpairConfig {
     /// One line for logs: every rate and the seed.
     pub fn describe(&self) -> String {
         format!(
-            "loss={} reorder={} dup={} corrupt={} ce={} delay_us={} jitter_us={} seed={}",
+            "loss={} reorder={} dup={} corrupt={} ce={} delay_us={} jitter_us={} mad_delay_us={} seed={}",
             self.loss,
             self.reorder,
             self.dup,
@@ -138,6 +143,7 @@ impl ImpairConfig {
             self.ce,
             self.delay_us,
             self.jitter_us,
+            self.mad_delay_us,
             self.seed
         )
     }
@@ -172,6 +178,9 @@ pub struct DirStats {
     pub pfc_paused_ns: u64,
     #[serde(default)]
     pub pfc_held_frames: u64,
+    /// CM MADs held back by `mad_delay_us`.
+    #[serde(default)]
+    pub mad_delayed: u64,
     pub reordered: u64,
     /// Frames handed to the other side (duplicates count twice).
     pub tx: u64,
@@ -254,6 +263,12 @@ pub fn roce_payload_offset(f: &[u8]) -> Option<usize> {
     };
     let dport = u16::from_be_bytes(f.get(udp + 2..udp + 4)?.try_into().ok()?);
     (dport == ROCE_V2_UDP_PORT && f.len() > udp + 8).then_some(udp + 8)
+}
+
+/// The destination QP of the BTH at `bth` in frame `f`.
+fn dest_qpn(f: &[u8], bth: usize) -> Option<u32> {
+    let b = f.get(bth + 5..bth + 8)?;
+    Some(u32::from_be_bytes([0, b[0], b[1], b[2]]))
 }
 
 /// A link that carries one frame at a time at `bytes_per_ns`, busy until
@@ -480,6 +495,10 @@ impl Impairer {
         }
         if self.cfg.jitter_us > 0 {
             at += self.rng.below(self.cfg.jitter_us * 1000 + 1);
+        }
+        if self.cfg.mad_delay_us > 0 && payload.is_some_and(|p| dest_qpn(eth, p) == Some(1)) {
+            at += self.cfg.mad_delay_us * 1000;
+            self.stats[dir].mad_delayed += 1;
         }
         if self.rng.chance(self.cfg.dup) {
             self.stats[dir].duplicated += 1;
@@ -879,6 +898,28 @@ mod tests {
 
     fn psn_of(f: &[u8]) -> Option<u32> {
         RoceRepr::parse(f).ok().map(|(r, _)| r.transport.bth.psn)
+    }
+
+    #[test]
+    fn mads_alone_take_the_extra_delay_and_fall_behind_later_data() {
+        let mut imp = Impairer::new(ImpairConfig {
+            mad_delay_us: 50,
+            ..Default::default()
+        });
+        let mut mad = crate::wire::tests::sample(rdma_common::opcode::UD_SEND_ONLY);
+        mad.transport.bth.dest_qpn = 1;
+        let mut buf = vec![0u8; 512];
+        let n = mad.emit(&[0u8; 256], &mut buf).unwrap();
+        buf.truncate(n);
+        imp.push(0, 0, &buf, 0);
+        imp.push(1000, 0, &roce_frame(7), 0);
+        let mut out = Vec::new();
+        imp.drain(49_999, |_, f| out.push(f.to_vec()));
+        assert_eq!(out, vec![roce_frame(7)], "the data frame passes at once");
+        imp.drain(50_000, |_, f| out.push(f.to_vec()));
+        assert_eq!(out, vec![roce_frame(7), buf], "the MAD 50 us late");
+        assert_eq!(imp.stats[0].mad_delayed, 1);
+        assert_eq!(imp.stats[0].tx, 2);
     }
 
     #[test]

@@ -169,6 +169,10 @@ pub struct RelayArgs {
     /// Random extra delay up to this many microseconds (reorders too).
     #[arg(long, default_value_t = 0)]
     pub jitter_us: u64,
+    /// More delay for CM MADs (RoCEv2 to QP 1) only, microseconds: a
+    /// slower management path, so a MAD falls behind data sent before it.
+    #[arg(long, default_value_t = 0)]
+    pub mad_delay_us: u64,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Impair every frame, not only RoCEv2 (UDP 4791).
@@ -452,6 +456,7 @@ pub fn relay(r: RelayArgs, g: &Global) -> Result<()> {
         pfc_xoff_bytes: r.pfc_xoff_bytes,
         delay_us: r.delay_us,
         jitter_us: r.jitter_us,
+        mad_delay_us: r.mad_delay_us,
         reorder_gap: r.reorder_gap,
         seed: r.seed,
         roce_only: !r.all_traffic,
