@@ -686,6 +686,12 @@ pub mod stat {
     pub const XDP_READ: u32 = 13;
     pub const COUNT: u32 = 14;
 
+    /// The frame was dropped as bad (the reasons `DROP_TRUNCATED` to
+    /// `DROP_SPOOFED_SOURCE`), not served by the XDP responder.
+    pub const fn is_drop(reason: u32) -> bool {
+        reason >= DROP_TRUNCATED && reason <= DROP_SPOOFED_SOURCE
+    }
+
     pub const NAMES: [&str; COUNT as usize] = [
         "redirect",
         "pass_not_ip",

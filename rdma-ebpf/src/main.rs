@@ -57,8 +57,10 @@ static MR_POOL: Array<[u8; mr_pool::VALUE_BYTES]> =
 pub fn rdma_xdp(ctx: XdpContext) -> u32 {
     let (verdict, reason) = classify(&ctx);
     count(reason);
-    if reason != stat::REDIRECT && reason >= stat::DROP_TRUNCATED {
-        // Off the fast path: only drops log, and only at debug level.
+    if stat::is_drop(reason) {
+        // Off the fast path: only bad frames log, and only at debug level.
+        // (Not what the XDP responder served: it logged every placed
+        // WRITE, a ring buffer record per packet.)
         debug!(&ctx, "drop reason {}", reason);
     }
     verdict
