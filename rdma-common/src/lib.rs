@@ -779,6 +779,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_bad_frames_count_as_drops() {
+        let drops: std::vec::Vec<&str> = (0..stat::COUNT)
+            .filter(|&r| stat::is_drop(r))
+            .map(|r| stat::NAMES[r as usize])
+            .collect();
+        assert_eq!(
+            drops,
+            [
+                "drop_truncated",
+                "drop_bad_tver",
+                "drop_unknown_opcode",
+                "drop_qpn_not_live",
+                "drop_spoofed_source"
+            ]
+        );
+    }
+
+    #[test]
     fn psn_wraps() {
         assert_eq!(psn_add(MASK_24, 1), 0);
         assert_eq!(psn_diff(0, MASK_24), 1);
