@@ -255,10 +255,13 @@ const STATES: [QpState; 7] = [
 /// One work queue's depth accounting.
 struct Depth {
     cap: u64,
-    /// WRs pushed by posters.
+    /// WRs pushed by posters, counted once each push has completed.
     posted: AtomicU64,
     /// WRs the engine has retired (published by the data path).
     retired: AtomicU64,
+    /// WRs the data path has popped (its side only: it pops under the
+    /// data path's lock).
+    popped: AtomicU64,
 }
 
 impl Depth {
@@ -267,12 +270,37 @@ impl Depth {
             cap: cap as u64,
             posted: AtomicU64::new(0),
             retired: AtomicU64::new(0),
+            popped: AtomicU64::new(0),
         }
     }
 
     fn has_room(&self) -> bool {
         let posted = self.posted.load(Ordering::Relaxed);
         posted - self.retired.load(Ordering::Acquire) < self.cap
+    }
+
+    /// Pushed WRs not yet popped.
+    fn waiting(&self) -> bool {
+        self.posted.load(Ordering::Acquire) != self.popped.load(Ordering::Relaxed)
+    }
+
+    /// Pops from `q` only a WR whose push has completed. An `ArrayQueue`
+    /// pop that meets a push still in progress spins until it ends; a
+    /// poster that the data path thread preempted in mid-push (both on
+    /// one core, the thread at a higher priority) ends it only when the
+    /// thread's time slice does. Measured with unmodified `ib_send_lat`
+    /// over the library: the data path threads ran 26 to 80 % of their
+    /// cores, 75 % of it in that pop.
+    fn pop<T>(&self, q: &ArrayQueue<T>) -> Option<T> {
+        let popped = self.popped.load(Ordering::Relaxed);
+        if self.posted.load(Ordering::Acquire) == popped {
+            return None;
+        }
+        let w = q.pop();
+        if w.is_some() {
+            self.popped.store(popped + 1, Ordering::Relaxed);
+        }
+        w
     }
 }
 
@@ -318,7 +346,8 @@ impl QpRings {
         self.sq
             .push(OwnedSendWr::new(wr)?)
             .map_err(|_| PostError::QueueFull)?;
-        self.send.posted.fetch_add(1, Ordering::Relaxed);
+        // Release: a pop that sees the count finds the pushed WR whole.
+        self.send.posted.fetch_add(1, Ordering::Release);
         Ok(())
     }
 
@@ -332,7 +361,9 @@ impl QpRings {
 
     /// Work waits in a ring (the data path's last check before it sleeps).
     pub fn has_work(&self) -> bool {
-        !self.sq.is_empty() || !self.rq.is_empty()
+        // Pushes completed, as `Depth::pop` sees them (a push in progress
+        // is not yet work: waiting for it would spin as that pop would).
+        self.send.waiting() || self.recv.waiting()
     }
 
     pub fn set_doorbell(&self, d: Arc<Doorbell>) {
@@ -347,7 +378,7 @@ impl QpRings {
         self.rq
             .push(OwnedRecvWr::new(wr)?)
             .map_err(|_| PostError::QueueFull)?;
-        self.recv.posted.fetch_add(1, Ordering::Relaxed);
+        self.recv.posted.fetch_add(1, Ordering::Release);
         Ok(())
     }
 
@@ -366,11 +397,11 @@ impl QpRings {
     }
 
     pub fn pop_send(&self) -> Option<OwnedSendWr> {
-        self.sq.pop()
+        self.send.pop(&self.sq)
     }
 
     pub fn pop_recv(&self) -> Option<OwnedRecvWr> {
-        self.rq.pop()
+        self.recv.pop(&self.rq)
     }
 }
 
@@ -622,5 +653,44 @@ impl SrqShared {
 
     pub fn is_empty(&self) -> bool {
         self.ring.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::RecvWr;
+
+    #[test]
+    fn the_data_path_pops_only_pushes_that_completed() {
+        let r = QpRings::new(QpType::Rc, 4, 4, QpState::Rtr);
+        // A push the poster has not finished (its count not yet raised):
+        // neither popped nor reported as work, so nobody spins on it.
+        r.rq.push(
+            OwnedRecvWr::new(&RecvWr {
+                wr_id: 7,
+                sg_list: &[],
+            })
+            .unwrap(),
+        )
+        .map_err(|_| ())
+        .unwrap();
+        assert!(r.pop_recv().is_none());
+        assert!(!r.has_work());
+        r.recv.posted.fetch_add(1, Ordering::Release);
+        assert!(r.has_work());
+        assert_eq!(r.pop_recv().map(|w| w.wr_id), Some(7));
+        assert!(!r.has_work());
+        // The ordinary post: counted once pushed, popped in order.
+        for id in [1, 2] {
+            r.post_recv(&RecvWr {
+                wr_id: id,
+                sg_list: &[],
+            })
+            .unwrap();
+        }
+        assert_eq!(r.pop_recv().map(|w| w.wr_id), Some(1));
+        assert_eq!(r.pop_recv().map(|w| w.wr_id), Some(2));
+        assert!(r.pop_recv().is_none());
     }
 }
