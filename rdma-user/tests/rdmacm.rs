@@ -222,6 +222,41 @@ fn unmodified_rdmacm_tools_connect_over_ipv6() {
     for out in [&c, &s] {
         assert!(out.contains("return status 0"), "{out}");
     }
+    // UD over IPv6: SIDR, then datagrams.
+    let (c, s) = pair(
+        &lab,
+        &["udaddy", "-b", &v6[1]],
+        &["udaddy", "-s", &v6[1]],
+        true,
+    );
+    for out in [&c, &s] {
+        assert!(
+            out.contains("data transfers complete") && out.contains("return status 0"),
+            "{out}"
+        );
+    }
+    // Synchronous ids (rdma_getaddrinfo of an IPv6 name).
+    let (c, s) = pair(
+        &lab,
+        &["rdma_server", "-s", &v6[1]],
+        &["rdma_client", "-s", &v6[1]],
+        true,
+    );
+    assert!(c.contains("rdma_client: end 0"), "{c}");
+    assert!(s.contains("rdma_server: end 0"), "{s}");
+    // Many connections at once through every step.
+    let (c, _) = pair(
+        &lab,
+        &["cmtime", "-b", &v6[1], "-c", "20"],
+        &["cmtime", "-s", &v6[1], "-c", "20"],
+        false,
+    );
+    assert!(!c.contains("fail"), "{c}");
+    assert!(
+        c.lines()
+            .any(|l| l.starts_with("disconnect") && l.contains(':')),
+        "{c}"
+    );
     // ucmatose's server binds 0.0.0.0 by default: an IPv6 REQ is refused.
     let srv = lab.spawn(1, &["exec", "--", "ucmatose", "-c", "1"]);
     std::thread::sleep(Duration::from_millis(1500));

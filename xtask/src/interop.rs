@@ -1070,6 +1070,10 @@ pub(crate) fn cm_cases(quick: bool) -> Vec<Case> {
                 None,
                 true,
             ),
+            // Over IPv6 every tool that takes an IPv6 address: perftest
+            // 4.5's -R and qperf 0.4.11 ask getaddrinfo for IPv4 only
+            // (qperf against rxe: "Address family for hostname not
+            // supported", as against us).
             (
                 "IPv6: rping -C 50 -V -S 1024",
                 "rping -s -a {srv6} -C 50 -V -S 1024",
@@ -1085,6 +1089,30 @@ pub(crate) fn cm_cases(quick: bool) -> Vec<Case> {
                 "return status 0",
                 None,
                 false,
+            ),
+            (
+                "IPv6: udaddy",
+                "udaddy -b {srv6}",
+                "udaddy -s {srv6}",
+                "return status 0",
+                None,
+                false,
+            ),
+            (
+                "IPv6: rdma_server/rdma_client",
+                "rdma_server -s {srv6}",
+                "rdma_client -s {srv6}",
+                "end 0",
+                None,
+                false,
+            ),
+            (
+                "IPv6: cmtime -c 20",
+                "cmtime -b {srv6} -c 20",
+                "cmtime -s {srv6} -c 20",
+                "disconnect",
+                None,
+                true,
             ),
         ]
     };
