@@ -322,13 +322,13 @@ pub(crate) fn interop(o: &Options) -> Result<()> {
     }
     // perftest -R against rxe's server, with CM MADs held back on the
     // link (see PERFTEST_MAD_DELAY_US).
-    let distant: Vec<&Case> = cases
+    let mad_held: Vec<&Case> = cases
         .iter()
         .filter(|c| c.mad_delay_us > 0 && only.is_none_or(|o| c.name.contains(o)))
         .collect();
-    if let Some(d) = distant.first().map(|c| c.mad_delay_us) {
+    if let Some(d) = mad_held.first().map(|c| c.mad_delay_us) {
         let flags = format!("--mad-delay-us {d}");
-        if let Some(rep) = through_relay(&lab, &b, o, &flags, &distant, &mut results) {
+        if let Some(rep) = through_relay(&lab, &b, o, &flags, &mad_held, &mut results) {
             let n = |k: &str| rep[k]["mad_delayed"].as_u64().unwrap_or(0);
             println!(
                 "note  {:<55} we->rxe {}, rxe->we {}, each {} ms late",
