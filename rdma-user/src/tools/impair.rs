@@ -265,12 +265,6 @@ pub fn roce_payload_offset(f: &[u8]) -> Option<usize> {
     (dport == ROCE_V2_UDP_PORT && f.len() > udp + 8).then_some(udp + 8)
 }
 
-/// The destination QP of the BTH at `bth` in frame `f`.
-fn dest_qpn(f: &[u8], bth: usize) -> Option<u32> {
-    let b = f.get(bth + 5..bth + 8)?;
-    Some(u32::from_be_bytes([0, b[0], b[1], b[2]]))
-}
-
 /// A link that carries one frame at a time at `bytes_per_ns`, busy until
 /// `free_at`: a frame of `len` bytes handed to it at `now` is through when
 /// this returns (the bottleneck's egress and the switch's ingress links
@@ -496,7 +490,7 @@ impl Impairer {
         if self.cfg.jitter_us > 0 {
             at += self.rng.below(self.cfg.jitter_us * 1000 + 1);
         }
-        if self.cfg.mad_delay_us > 0 && payload.is_some_and(|p| dest_qpn(eth, p) == Some(1)) {
+        if self.cfg.mad_delay_us > 0 && crate::wire::peek_dest_qpn(eth) == Some(1) {
             at += self.cfg.mad_delay_us * 1000;
             self.stats[dir].mad_delayed += 1;
         }
