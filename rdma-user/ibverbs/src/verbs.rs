@@ -50,7 +50,7 @@ impl Live {
             .get_or_insert_with(HashSet::new)
             .insert(p as usize);
     }
-    fn remove<T>(&self, p: *mut T) -> bool {
+    pub(crate) fn remove<T>(&self, p: *mut T) -> bool {
         self.0
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -65,6 +65,17 @@ impl Live {
         live.as_ref()?
             .contains(&(p as usize))
             .then(|| unsafe { &*(p as *const T) })
+    }
+
+    /// Runs `f` on a live object while no other thread can take it out of
+    /// the live set (to count a use of it that a destroy must wait for).
+    pub(crate) fn get_with<T, C, R>(&self, p: *mut C, f: impl FnOnce(&T) -> R) -> Option<R> {
+        let live = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if !live.as_ref()?.contains(&(p as usize)) {
+            return None;
+        }
+        // SAFETY: as in `get`; the lock is held, so it is not freed meanwhile.
+        Some(f(unsafe { &*(p as *const T) }))
     }
 
     /// Destroys a live object: `release` undoes it in the data path (an

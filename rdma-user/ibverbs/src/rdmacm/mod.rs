@@ -54,6 +54,80 @@ fn err(e: c_int) -> c_int {
 struct Channel {
     ch: rdma_event_channel,
     queue: Mutex<VecDeque<usize>>,
+    users: Mutex<Users>,
+}
+
+/// The threads inside a call on a channel (`ChannelRef`s), and whether it
+/// was destroyed meanwhile: then the last of them frees it.
+///
+/// rdma_cm's channel is a file: a thread blocked in read(2) on it keeps it
+/// open when another thread closes it (rping's CM thread is in
+/// rdma_get_cm_event while its main thread tears down). Freed at once, our
+/// eventfd would be closed under a thread about to read it: EBADF, or a
+/// read of whatever file took its number.
+#[derive(Default)]
+struct Users {
+    n: usize,
+    destroyed: bool,
+}
+
+/// Channels the program destroyed lately, and by which thread.
+///
+/// A program's CM thread may loop on rdma_get_cm_event while its main
+/// thread destroys the ids and the channel, never stopping it (rping of
+/// rdma-core 44 does). Under rdma_cm that thread is nearly always blocked
+/// in read(2) by then and stays blocked until the process exits. If it is
+/// late (preempted just after acknowledging the last event), it reads a
+/// closed fd and the program exits with an error. This library keeps the
+/// first behaviour whatever the timing: a call on a channel another thread
+/// destroyed blocks as the read would have; the destroying thread itself
+/// still gets EINVAL.
+static DESTROYED: Mutex<VecDeque<(usize, std::thread::ThreadId)>> = Mutex::new(VecDeque::new());
+
+/// How many destroyed channels `DESTROYED` remembers.
+const DESTROYED_KEPT: usize = 64;
+
+fn destroyed_by_another_thread(ch: *mut rdma_event_channel) -> bool {
+    let me = std::thread::current().id();
+    DESTROYED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .any(|&(p, t)| p == ch as usize && t != me)
+}
+
+/// A channel in use by this thread: it stays whole until dropped.
+struct ChannelRef(*mut Channel);
+
+impl ChannelRef {
+    fn get(ch: *mut rdma_event_channel) -> Option<ChannelRef> {
+        CHANNELS.get_with::<Channel, _, _>(ch, |c| {
+            c.users.lock().unwrap_or_else(|e| e.into_inner()).n += 1;
+            ChannelRef(c as *const Channel as *mut Channel)
+        })
+    }
+}
+
+impl std::ops::Deref for ChannelRef {
+    type Target = Channel;
+    fn deref(&self) -> &Channel {
+        // SAFETY: counted as a user, the channel is not freed before drop.
+        unsafe { &*self.0 }
+    }
+}
+
+impl Drop for ChannelRef {
+    fn drop(&mut self) {
+        let last = {
+            let mut u = self.users.lock().unwrap_or_else(|e| e.into_inner());
+            u.n -= 1;
+            u.destroyed && u.n == 0
+        };
+        if last {
+            // SAFETY: destroyed (out of the live set) and its last user gone.
+            unsafe { release_channel(self.0) };
+        }
+    }
 }
 
 /// An event as handed out: rdma_cm's struct first, then the private data
@@ -130,13 +204,19 @@ fn new_channel() -> Result<*mut Channel, c_int> {
     let p = Box::into_raw(Box::new(Channel {
         ch: rdma_event_channel { fd },
         queue: Mutex::new(VecDeque::new()),
+        users: Mutex::new(Users::default()),
     }));
+    // A new channel at a destroyed one's address is that address's again.
+    DESTROYED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|&(d, _)| d != p as usize);
     CHANNELS.add(p);
     Ok(p)
 }
 
-fn channel<'a>(ch: *mut rdma_event_channel) -> Option<&'a Channel> {
-    CHANNELS.get::<Channel, _>(ch)
+fn channel(ch: *mut rdma_event_channel) -> Option<ChannelRef> {
+    ChannelRef::get(ch)
 }
 
 fn post(ch: *mut rdma_event_channel, ev: Box<Event>) {
@@ -191,16 +271,38 @@ pub extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel {
     })
 }
 
+/// Destroys a channel: freed now, or by the last thread still in a call
+/// on it.
 fn free_channel(ch: *mut rdma_event_channel) -> bool {
-    CHANNELS.destroy::<Channel, _>(ch, |c| {
-        for e in c.queue.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
-            // SAFETY: queued events are leaked Boxes, freed once here.
-            drop(unsafe { Box::from_raw(e as *mut Event) });
-        }
-        // SAFETY: our eventfd, closed once (the channel goes).
-        unsafe { libc::close(c.ch.fd) };
-        Ok(())
-    }) == 0
+    if !CHANNELS.remove(ch) {
+        return false;
+    }
+    let c = ch as *mut Channel;
+    // SAFETY: it was live and this call took it out of the set; users
+    // count themselves under the set's lock, so none comes after this.
+    let idle = unsafe {
+        let mut u = (*c).users.lock().unwrap_or_else(|e| e.into_inner());
+        u.destroyed = true;
+        u.n == 0
+    };
+    if idle {
+        // SAFETY: out of the set, no user.
+        unsafe { release_channel(c) };
+    }
+    true
+}
+
+/// # Safety
+/// `c` is a channel out of the live set with no user, released once.
+unsafe fn release_channel(c: *mut Channel) {
+    // SAFETY: the caller's promise: nobody else holds it any more.
+    let c = unsafe { Box::from_raw(c) };
+    for e in c.queue.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+        // SAFETY: queued events are leaked Boxes, freed once here.
+        drop(unsafe { Box::from_raw(e as *mut Event) });
+    }
+    // SAFETY: our eventfd, closed once (the channel goes).
+    unsafe { libc::close(c.ch.fd) };
 }
 
 /// # Safety
@@ -208,7 +310,15 @@ fn free_channel(ch: *mut rdma_event_channel) -> bool {
 #[no_mangle]
 pub unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
     guard((), || {
-        free_channel(channel);
+        // Held across the destroy: a caller that finds the channel gone
+        // finds it here.
+        let mut d = DESTROYED.lock().unwrap_or_else(|e| e.into_inner());
+        if free_channel(channel) {
+            if d.len() == DESTROYED_KEPT {
+                d.pop_front();
+            }
+            d.push_back((channel as usize, std::thread::current().id()));
+        }
     })
 }
 
@@ -221,12 +331,18 @@ pub unsafe extern "C" fn rdma_get_cm_event(
 ) -> c_int {
     guard(-1, || {
         let Some(c) = self::channel(channel) else {
+            if destroyed_by_another_thread(channel) {
+                // See `DESTROYED`: as a read(2) already under way.
+                loop {
+                    std::thread::park();
+                }
+            }
             return err(libc::EINVAL);
         };
         if event.is_null() {
             return err(libc::EINVAL);
         }
-        match take(c) {
+        match take(&c) {
             Ok(e) => {
                 // SAFETY: a live event; the program's out pointer.
                 unsafe {
@@ -1172,7 +1288,7 @@ fn wait_sync(id: *mut rdma_cm_id, ok: c_int) -> c_int {
     let Some(c) = channel(ch) else {
         return err(libc::EINVAL);
     };
-    match take(c) {
+    match take(&c) {
         Ok(e) => {
             // SAFETY: the event we just took, freed once here.
             let e = unsafe { Box::from_raw(e) };
@@ -2225,7 +2341,7 @@ pub unsafe extern "C" fn rdma_get_request(
             return err(libc::EINVAL);
         };
         loop {
-            let e = match take(c) {
+            let e = match take(&c) {
                 // SAFETY: the event just taken, freed once here.
                 Ok(e) => unsafe { Box::from_raw(e) },
                 Err(e) => return err(e),
@@ -2407,4 +2523,77 @@ pub extern "C" fn rdma_get_remote_ece(_id: *mut rdma_cm_id, _ece: *mut c_void) -
 #[no_mangle]
 pub extern "C" fn rdma_reject_ece(_id: *mut rdma_cm_id, _data: *const c_void, _len: u8) -> c_int {
     err(libc::EOPNOTSUPP)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open(fd: c_int) -> bool {
+        // SAFETY: F_GETFD reads a flag of a number, open or not.
+        unsafe { libc::fcntl(fd, libc::F_GETFD) >= 0 }
+    }
+
+    /// A channel destroyed while a thread is in a call on it (rping's CM
+    /// thread entering rdma_get_cm_event as its main thread tears down)
+    /// keeps its eventfd until that thread is out; later calls see EINVAL.
+    #[test]
+    fn a_channel_in_use_outlives_its_destroy() {
+        let ch = rdma_create_event_channel();
+        assert!(!ch.is_null());
+        // SAFETY: a live channel of ours.
+        let fd = unsafe { (*ch).fd };
+        let inside = channel(ch).expect("live");
+        // SAFETY: our channel, destroyed once.
+        unsafe { rdma_destroy_event_channel(ch) };
+        assert!(channel(ch).is_none(), "destroyed for new callers");
+        let mut ev = ptr::null_mut();
+        // SAFETY: a pointer that is no live channel is refused, not read.
+        assert_eq!(unsafe { rdma_get_cm_event(ch, &mut ev) }, -1);
+        assert_eq!(errno(), libc::EINVAL);
+        assert!(open(fd), "the thread inside still reads an open eventfd");
+        // An event posted before the destroy still reaches it.
+        inside
+            .queue
+            .lock()
+            .unwrap()
+            .push_back(Box::into_raw(Box::new(Event {
+                // SAFETY: a C struct of integers and pointers: zero is valid.
+                ev: unsafe { std::mem::zeroed() },
+                data: [0; MAD_LEN],
+            })) as usize);
+        let one = 1u64;
+        // SAFETY: 8 bytes from a local into the open eventfd.
+        let n = unsafe { libc::write(fd, &one as *const u64 as *const c_void, 8) };
+        assert_eq!(n, 8);
+        let e = take(&inside).expect("the queued event");
+        // SAFETY: the event just taken, freed once.
+        drop(unsafe { Box::from_raw(e) });
+        drop(inside);
+        assert!(!open(fd), "the last user closed it");
+    }
+
+    /// Destroyed by one thread, a channel blocks the calls of the others
+    /// (as rdma_cm's read(2) already under way) and fails the destroyer's.
+    #[test]
+    fn a_channel_destroyed_by_another_thread_blocks_its_readers() {
+        let ch = rdma_create_event_channel() as usize;
+        let in_destroyer = std::thread::spawn(move || {
+            let ch = ch as *mut rdma_event_channel;
+            // SAFETY: our channel, destroyed once.
+            unsafe { rdma_destroy_event_channel(ch) };
+            destroyed_by_another_thread(ch)
+        })
+        .join()
+        .unwrap();
+        assert!(!in_destroyer);
+        assert!(destroyed_by_another_thread(ch as *mut _));
+        // A new channel at that address is not destroyed.
+        let fresh = rdma_create_event_channel();
+        if fresh as usize == ch {
+            assert!(!destroyed_by_another_thread(fresh));
+        }
+        // SAFETY: our channel, destroyed once.
+        unsafe { rdma_destroy_event_channel(fresh) };
+    }
 }
