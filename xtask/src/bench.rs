@@ -18,12 +18,45 @@ pub(crate) struct Job {
     pub(crate) threaded_napi: bool,
 }
 
+/// The namespaces, devices and addresses of a bench run.
+const NS: [&str; 2] = ["rdmabench-a", "rdmabench-b"];
+const DEVS: [&str; 2] = ["rbench-a", "rbench-b"];
+const ADDRS: [&str; 2] = ["10.89.0.1", "10.89.0.2"];
+
+/// `cargo xtask bench --goals`: only the alternated goal ratios.
+pub(crate) fn goals(quick: bool) -> Result<()> {
+    let bin = build(true)?;
+    let ns = NS.map(String::from);
+    let lab = Lab::fresh(&ns, false);
+    veth_pair(&ns, DEVS, ADDRS)?;
+    let out_dir = root().join("target/bench");
+    std::fs::create_dir_all(&out_dir)?;
+    ibverbs_so::build(&root(), true)?;
+    let bl = BenchLab {
+        bin,
+        ns: ns.clone(),
+        devs: DEVS,
+        addrs: ADDRS,
+        out_dir: out_dir.clone(),
+    };
+    let records = alternated(&bl, quick);
+    drop(lab);
+    std::fs::write(
+        out_dir.join("goals.json"),
+        serde_json::to_string_pretty(&records)?,
+    )?;
+    let md = alternated_table(&records);
+    std::fs::write(out_dir.join("goals.md"), &md)?;
+    println!("{md}");
+    println!("wrote target/bench/goals.json and target/bench/goals.md");
+    Ok(())
+}
+
 pub(crate) fn bench(quick: bool) -> Result<()> {
     let bin = build(true)?;
-    let ns = ["rdmabench-a".to_string(), "rdmabench-b".to_string()];
+    let ns = NS.map(String::from);
     let lab = Lab::fresh(&ns, false);
-    let addrs = ["10.89.0.1", "10.89.0.2"];
-    let devs = ["rbench-a", "rbench-b"];
+    let (addrs, devs) = (ADDRS, DEVS);
     veth_pair(&ns, devs, addrs)?;
     let out_dir = root().join("target/bench");
     std::fs::create_dir_all(&out_dir)?;
@@ -125,82 +158,18 @@ pub(crate) fn bench(quick: bool) -> Result<()> {
         jobs.push(job);
     }
     let total = jobs.len() + 1;
+    let bl = BenchLab {
+        bin: bin.clone(),
+        ns: ns.clone(),
+        devs,
+        addrs,
+        out_dir: out_dir.clone(),
+    };
     for (k, job) in jobs.iter().enumerate() {
         eprintln!("[{}/{total}] {}", k + 1, job.args.join(" "));
-        let sj = out_dir.join("server.json");
-        let cj = out_dir.join("client.json");
-        let _ = std::fs::remove_file(&sj);
-        let _ = std::fs::remove_file(&cj);
-        let mut server = Command::new("ip")
-            .args(["netns", "exec", &ns[1]])
-            .arg(&bin)
-            .args(&job.args)
-            .args(["--dev", devs[1], "--cpu", "1", "--json"])
-            .arg(&sj)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()?;
-        std::thread::sleep(Duration::from_millis(400));
-        if job.threaded_napi {
-            if let Err(e) = thread_napi(&ns[1], devs[1], 1) {
-                eprintln!("   threaded NAPI: {e:#}");
-                let _ = server.kill();
-                let _ = server.wait();
-                continue;
-            }
-        }
-        let mut cargs = job.args.clone();
-        cargs.insert(2, addrs[1].to_string());
-        let client = Command::new("ip")
-            .args(["netns", "exec", &ns[0]])
-            .arg(&bin)
-            .args(&cargs)
-            .args(["--dev", devs[0], "--cpu", "0", "--json"])
-            .arg(&cj)
-            .output()?;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline && server.try_wait()?.is_none() {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = server.kill();
-        let sout = server.wait_with_output()?;
-        if !client.status.success() {
-            eprintln!(
-                "   failed: {}",
-                String::from_utf8_lossy(&client.stderr).trim()
-            );
-            continue;
-        }
-        let file = if job.from_server { &sj } else { &cj };
-        match read_json(file).and_then(|v| v.as_array().cloned()) {
-            Some(mut v) => {
-                // write_bw's target reports its own CPU per message and
-                // its XDP program's cost.
-                let server = read_json(&sj).and_then(|s| s.as_array()?.last().cloned());
-                if let (Some(s), Some(last)) = (server, v.last_mut()) {
-                    if let Some(c) = s.get("target_user_cpu_us_per_msg") {
-                        last["target_user_cpu_us_per_msg"] = c.clone();
-                    }
-                    if job.threaded_napi {
-                        last["target_napi"] = "threaded".into();
-                    }
-                    if last["test"] == "write_bw" {
-                        for (k, t) in [
-                            ("xdp_ns_per_run", "target_xdp_ns_per_run"),
-                            ("xdp_runs", "target_xdp_runs"),
-                        ] {
-                            if let Some(x) = s.get(k) {
-                                last[t] = x.clone();
-                            }
-                        }
-                    }
-                }
-                records.extend(v)
-            }
-            None => eprintln!(
-                "   no result ({})",
-                String::from_utf8_lossy(&sout.stderr).trim()
-            ),
+        match bl.run(job) {
+            Ok(v) => records.extend(v),
+            Err(e) => eprintln!("   {e:#}"),
         }
     }
     // Unmodified perftest over the drop-in libibverbs, in the same run:
@@ -232,6 +201,8 @@ pub(crate) fn bench(quick: bool) -> Result<()> {
             Err(e) => eprintln!("   failed: {e:#}"),
         }
     }
+    // The goals' ratios again, each pair back to back and alternated.
+    records.extend(alternated(&bl, quick));
     eprintln!("[{total}/{total}] engine microbenchmark");
     let ej = out_dir.join("engine.json");
     let n = if quick { "200000" } else { "2000000" };
@@ -252,6 +223,91 @@ pub(crate) fn bench(quick: bool) -> Result<()> {
     println!("{md}");
     println!("wrote target/bench/results.json and target/bench/summary.md");
     Ok(())
+}
+
+/// The two namespaces of a bench run and where jobs write their JSON.
+struct BenchLab {
+    bin: std::path::PathBuf,
+    ns: [String; 2],
+    devs: [&'static str; 2],
+    addrs: [&'static str; 2],
+    out_dir: std::path::PathBuf,
+}
+
+impl BenchLab {
+    /// Runs one job (server in namespace 1 on CPU 1, client in namespace 0
+    /// on CPU 0) and returns its records.
+    fn run(&self, job: &Job) -> Result<Vec<Value>> {
+        let (bin, ns, devs, addrs) = (&self.bin, &self.ns, self.devs, self.addrs);
+        let sj = self.out_dir.join("server.json");
+        let cj = self.out_dir.join("client.json");
+        let _ = std::fs::remove_file(&sj);
+        let _ = std::fs::remove_file(&cj);
+        let mut server = Command::new("ip")
+            .args(["netns", "exec", &ns[1]])
+            .arg(bin)
+            .args(&job.args)
+            .args(["--dev", devs[1], "--cpu", "1", "--json"])
+            .arg(&sj)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        std::thread::sleep(Duration::from_millis(400));
+        if job.threaded_napi {
+            if let Err(e) = thread_napi(&ns[1], devs[1], 1) {
+                let _ = server.kill();
+                let _ = server.wait();
+                anyhow::bail!("threaded NAPI: {e:#}");
+            }
+        }
+        let mut cargs = job.args.clone();
+        cargs.insert(2, addrs[1].to_string());
+        let client = Command::new("ip")
+            .args(["netns", "exec", &ns[0]])
+            .arg(bin)
+            .args(&cargs)
+            .args(["--dev", devs[0], "--cpu", "0", "--json"])
+            .arg(&cj)
+            .output()?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline && server.try_wait()?.is_none() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = server.kill();
+        let sout = server.wait_with_output()?;
+        if !client.status.success() {
+            anyhow::bail!("failed: {}", String::from_utf8_lossy(&client.stderr).trim());
+        }
+        let file = if job.from_server { &sj } else { &cj };
+        let Some(mut v) = read_json(file).and_then(|v| v.as_array().cloned()) else {
+            anyhow::bail!(
+                "no result ({})",
+                String::from_utf8_lossy(&sout.stderr).trim()
+            );
+        };
+        // write_bw's target reports its own CPU per message and its XDP
+        // program's cost.
+        let server = read_json(&sj).and_then(|s| s.as_array()?.last().cloned());
+        if let (Some(s), Some(last)) = (server, v.last_mut()) {
+            if let Some(c) = s.get("target_user_cpu_us_per_msg") {
+                last["target_user_cpu_us_per_msg"] = c.clone();
+            }
+            if job.threaded_napi {
+                last["target_napi"] = "threaded".into();
+            }
+            if last["test"] == "write_bw" {
+                for (k, t) in [
+                    ("xdp_ns_per_run", "target_xdp_ns_per_run"),
+                    ("xdp_runs", "target_xdp_runs"),
+                ] {
+                    if let Some(x) = s.get(k) {
+                        last[t] = x.clone();
+                    }
+                }
+            }
+        }
+        Ok(v)
+    }
 }
 
 /// One perftest run (server in namespace 1 on CPU 1, client in namespace 0
@@ -414,7 +470,7 @@ pub(crate) fn summary(r: &[Value]) -> String {
             .map(|x| format!("{x:.2}"))
             .unwrap_or_else(|| "-".into())
     };
-    for x in r {
+    for x in r.iter().filter(|x| x["test"] != "alternated") {
         s += &format!(
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             x["test"].as_str().unwrap_or(""),
@@ -655,6 +711,186 @@ pub(crate) fn summary(r: &[Value]) -> String {
             "| engine 64 B WRITEs, M frames/s: engine only / with the data path's framing and ICRC (for reference) | {} / {} | - | >= 5 (engine only) |\n",
             m("engine_only_mpps"),
             m("msg_rate_mpps")
+        );
+    }
+    s += &alternated_table(r);
+    s
+}
+
+/// One side of a goal's ratio.
+enum Side {
+    Job(Job),
+    /// Unmodified perftest over the library, adaptive, its buffers in the
+    /// MR pool: (tool, bytes, iterations).
+    Lib(&'static str, u64, String),
+}
+
+/// The goals' ratios measured again, each pair's two sides back to back
+/// for `rounds` rounds, the order flipped every round. This machine
+/// drifts by up to 1.5x within minutes, so the ratios of the table above,
+/// whose sides ran minutes apart, move with its phase; these do not.
+/// One record per pair: both sides' values, the ratio of each round and
+/// their median.
+///
+/// Latency runs take 20 000 iterations even with `quick` (2 000 are 10 ms
+/// of measurement here, less than the machine's own jitter). Whole runs
+/// fall into a fast or a slow mode here (the raw AF_XDP ping-pong, 200 000
+/// iterations each: 2.17 or 3.15 us), so there are many short rounds and
+/// the median of their ratios: 5 with `quick`, else 9.
+fn alternated(bl: &BenchLab, quick: bool) -> Vec<Value> {
+    let rounds = if quick { 5 } else { 9 };
+    let lat_n = "20000";
+    let n64k = 2000;
+    let job = |s: String| {
+        Side::Job(Job {
+            args: s.split_whitespace().map(String::from).collect(),
+            from_server: false,
+            threaded_napi: false,
+        })
+    };
+    let pairs = [
+        (
+            "XDP responder write_lat 2 B / raw AF_XDP ping-pong 2 B",
+            "<= 1.3",
+            "t_typical_us",
+            job(format!("bench write-lat -s 2 -n {lat_n} --pool")),
+            job(format!("baseline afxdp-pingpong -s 2 -n {lat_n}")),
+        ),
+        (
+            "XDP responder write_lat 64 B / TCP_NODELAY ping-pong 64 B",
+            "< 1",
+            "t_typical_us",
+            job(format!("bench write-lat -s 64 -n {lat_n} --pool")),
+            job(format!("baseline tcp-pingpong -s 64 -n {lat_n}")),
+        ),
+        (
+            "write_bw 64 KiB, adaptive target: XDP responder / user path",
+            ">= 1",
+            "bw_avg_gbps",
+            job(format!("bench write-bw -s 65536 -n {n64k} --adaptive --pool")),
+            job(format!("bench write-bw -s 65536 -n {n64k} --adaptive")),
+        ),
+        (
+            "unmodified ib_write_lat 2 B over the library (pool) / rdma-xdp bench write_lat 2 B (XDP responder)",
+            "<= 1.1",
+            "t_typical_us",
+            Side::Lib("write_lat", 2, lat_n.to_string()),
+            job(format!("bench write-lat -s 2 -n {lat_n} --pool")),
+        ),
+        (
+            "unmodified ib_send_lat 2 B over the library (pool) / rdma-xdp bench send_lat 2 B",
+            "<= 1.1",
+            "t_typical_us",
+            Side::Lib("send_lat", 2, lat_n.to_string()),
+            job(format!("bench send-lat -s 2 -n {lat_n}")),
+        ),
+        (
+            "unmodified ib_write_bw 64 KiB over the library (pool) / rdma-xdp bench write_bw 64 KiB (XDP responder, adaptive)",
+            ">= 0.9",
+            "bw_avg_gbps",
+            Side::Lib("write_bw", 65536, "2000".to_string()),
+            job(format!("bench write-bw -s 65536 -n {n64k} --adaptive --pool")),
+        ),
+    ];
+    let measure = |side: &Side, key: &str| -> Result<f64> {
+        let v = match side {
+            Side::Job(j) => bl
+                .run(j)?
+                .into_iter()
+                .rev()
+                .find(|x| x[key].is_number())
+                .ok_or_else(|| anyhow::anyhow!("no {key} in the records"))?,
+            Side::Lib(tool, size, n) => {
+                perftest_over_library(&bl.bin, &bl.ns, &bl.addrs, tool, *size, n, "adaptive", true)?
+            }
+        };
+        v[key]
+            .as_f64()
+            .ok_or_else(|| anyhow::anyhow!("no {key} in the record"))
+    };
+    let mut out = Vec::new();
+    for (k, (name, goal, key, a, b)) in pairs.iter().enumerate() {
+        eprintln!(
+            "[alternated {}/{}] {name}, {rounds} rounds",
+            k + 1,
+            pairs.len()
+        );
+        let (mut va, mut vb, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..rounds {
+            // A then B, then B then A: a drift within a round weighs on
+            // both sides alike over the rounds.
+            let first_a = round % 2 == 0;
+            let sides = if first_a { [a, b] } else { [b, a] };
+            let mut got = [None, None];
+            for (i, side) in sides.iter().enumerate() {
+                match measure(side, key) {
+                    Ok(x) => got[i] = Some(x),
+                    Err(e) => eprintln!("   {e:#}"),
+                }
+            }
+            let (x, y) = if first_a {
+                (got[0], got[1])
+            } else {
+                (got[1], got[0])
+            };
+            if let (Some(x), Some(y)) = (x, y) {
+                if y > 0.0 {
+                    va.push(x);
+                    vb.push(y);
+                    ratios.push(x / y);
+                }
+            }
+        }
+        out.push(serde_json::json!({
+            "test": "alternated", "name": name, "goal": goal, "metric": key,
+            "a": va, "b": vb, "ratios": ratios, "median_ratio": median(&ratios),
+        }));
+    }
+    out
+}
+
+fn median(x: &[f64]) -> Option<f64> {
+    let mut v = x.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(v[n / 2]),
+        n => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
+}
+
+/// The alternated records as a table.
+fn alternated_table(r: &[Value]) -> String {
+    let rows: Vec<&Value> = r.iter().filter(|x| x["test"] == "alternated").collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    let list = |v: &Value| {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_f64)
+                    .map(|x| format!("{x:.2}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_default()
+    };
+    let mut s = String::from(
+        "\nThe goals again, each pair's sides back to back, the order flipped every round:\n\n| target | A | B | ratio per round | median | goal |\n|---|---|---|---|---|---|\n",
+    );
+    for x in rows {
+        s += &format!(
+            "| {} | {} | {} | {} | {} | {} |\n",
+            x["name"].as_str().unwrap_or(""),
+            list(&x["a"]),
+            list(&x["b"]),
+            list(&x["ratios"]),
+            x["median_ratio"]
+                .as_f64()
+                .map(|m| format!("{m:.2}"))
+                .unwrap_or("-".into()),
+            x["goal"].as_str().unwrap_or(""),
         );
     }
     s

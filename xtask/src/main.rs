@@ -106,6 +106,11 @@ enum Cmd {
         /// target/bench/vs-rxe.json and vs-rxe.md.
         #[arg(long, conflicts_with = "cm")]
         vs_rxe: bool,
+        /// Instead: only the goals' ratios, each pair's two sides back to
+        /// back over alternated rounds (the last stage of a full run);
+        /// writes target/bench/goals.json and goals.md.
+        #[arg(long, conflicts_with_all = ["cm", "vs_rxe"])]
+        goals: bool,
         /// With --vs-rxe: ours in copy mode too.
         #[arg(long, requires = "vs_rxe")]
         copy_too: bool,
@@ -231,6 +236,9 @@ fn main() {
             no_vm,
             ..
         } => prereqs(true, true).and_then(|_| cmbench::bench_cm(quick, cycles, !no_vm)),
+        Cmd::Bench {
+            quick, goals: true, ..
+        } => prereqs(true, false).and_then(|_| bench::goals(quick)),
         Cmd::Bench { quick, .. } => prereqs(true, false).and_then(|_| bench(quick)),
         Cmd::Soak { ops, seed } => prereqs(true, false).and_then(|_| soak(ops, seed)),
         Cmd::Congestion(o) => prereqs(true, false).and_then(|_| congestion::congestion(&o)),
