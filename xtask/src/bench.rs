@@ -41,15 +41,26 @@ pub(crate) fn goals(quick: bool) -> Result<()> {
     };
     let records = alternated(&bl, quick);
     drop(lab);
+    write_out("goals", &records, &alternated_table(&records))
+}
+
+/// Writes `target/bench/{json}.json` (the records) and `{md}.md` (their
+/// table), and prints the table.
+pub(crate) fn write_out_as(json: &str, md_name: &str, records: &[Value], md: &str) -> Result<()> {
+    let out_dir = root().join("target/bench");
     std::fs::write(
-        out_dir.join("goals.json"),
-        serde_json::to_string_pretty(&records)?,
+        out_dir.join(format!("{json}.json")),
+        serde_json::to_string_pretty(records)?,
     )?;
-    let md = alternated_table(&records);
-    std::fs::write(out_dir.join("goals.md"), &md)?;
+    std::fs::write(out_dir.join(format!("{md_name}.md")), md)?;
     println!("{md}");
-    println!("wrote target/bench/goals.json and target/bench/goals.md");
+    println!("wrote target/bench/{json}.json and target/bench/{md_name}.md");
     Ok(())
+}
+
+/// [`write_out_as`] with one name for both files.
+pub(crate) fn write_out(name: &str, records: &[Value], md: &str) -> Result<()> {
+    write_out_as(name, name, records, md)
 }
 
 pub(crate) fn bench(quick: bool) -> Result<()> {
@@ -214,15 +225,7 @@ pub(crate) fn bench(quick: bool) -> Result<()> {
         &std::fs::read_to_string(&ej)?,
     )?);
     drop(lab);
-    std::fs::write(
-        out_dir.join("results.json"),
-        serde_json::to_string_pretty(&records)?,
-    )?;
-    let md = summary(&records);
-    std::fs::write(out_dir.join("summary.md"), &md)?;
-    println!("{md}");
-    println!("wrote target/bench/results.json and target/bench/summary.md");
-    Ok(())
+    write_out_as("results", "summary", &records, &summary(&records))
 }
 
 /// The two namespaces of a bench run and where jobs write their JSON.

@@ -364,15 +364,7 @@ pub(crate) fn bench_cm(quick: bool, cycles_n: Option<u32>, vms: bool) -> Result<
             measure(&r, label, "vm", pair, (vm_cm, cycles_n), &mut records);
         }
     }
-    std::fs::write(
-        out_dir.join("cm.json"),
-        serde_json::to_string_pretty(&records)?,
-    )?;
-    let md = table(&records);
-    std::fs::write(out_dir.join("cm.md"), &md)?;
-    println!("{md}");
-    println!("wrote target/bench/cm.json and target/bench/cm.md");
-    Ok(())
+    crate::bench::write_out("cm", &records, &table(&records))
 }
 
 fn table(records: &[Value]) -> String {

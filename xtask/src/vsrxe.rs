@@ -531,15 +531,7 @@ pub(crate) fn bench_vs_rxe(quick: bool, copy_too: bool, only: Option<&str>) -> R
             .unwrap_or_default();
         records = merge_records(earlier, records);
     }
-    std::fs::write(
-        out_dir.join("vs-rxe.json"),
-        serde_json::to_string_pretty(&records)?,
-    )?;
-    let md = table(&records);
-    std::fs::write(out_dir.join("vs-rxe.md"), &md)?;
-    println!("{md}");
-    println!("wrote target/bench/vs-rxe.json and target/bench/vs-rxe.md");
-    Ok(())
+    crate::bench::write_out("vs-rxe", &records, &table(&records))
 }
 
 fn table(records: &[Value]) -> String {
