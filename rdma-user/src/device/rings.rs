@@ -34,16 +34,23 @@ pub(crate) fn eventfd(flags: i32) -> std::io::Result<i32> {
     Ok(fd)
 }
 
-/// Wakes the data path thread when it waits for work (adaptive polling):
-/// an eventfd it polls beside its AF_XDP sockets. Posters ring it only
-/// while the thread says it sleeps, so a busy data path costs no syscall.
 /// How long after a program's last inline turn the library's data path
-/// thread leaves frames to it (when they can wait for its polls:
+/// thread first leaves frames to it (when they can wait for its polls:
 /// `Core::frames_can_wait_for_polls`): longer than the program spends
 /// away between two polls, short enough that a program gone elsewhere is
 /// served soon.
 pub const INLINE_HOLD_NS: u64 = 200_000;
 
+/// The longest the hold grows to while the program keeps polling: the
+/// data path thread finds it still polling at the end of each hold and
+/// sleeps twice as long the next time (see `Backoff::after_poll_waiting`).
+/// A program that stops polling without arming a completion event is
+/// served this long after its last poll at worst.
+pub const INLINE_HOLD_MAX_NS: u64 = 16 * INLINE_HOLD_NS;
+
+/// Wakes the data path thread when it waits for work (adaptive polling):
+/// an eventfd it polls beside its AF_XDP sockets. Posters ring it only
+/// while the thread says it sleeps, so a busy data path costs no syscall.
 pub struct Doorbell {
     fd: i32,
     sleeping: AtomicBool,
@@ -114,9 +121,14 @@ impl Doorbell {
     /// Until when a program that polls (its last inline turn less than
     /// [`INLINE_HOLD_NS`] ago) is taken to move its own frames.
     pub fn inline_until(&self) -> Option<u64> {
+        self.inline_hold_until(INLINE_HOLD_NS)
+    }
+
+    /// The same for a hold of `hold` ns.
+    pub fn inline_hold_until(&self, hold: u64) -> Option<u64> {
         match self.inline_at.load(Ordering::Relaxed) {
             0 => None,
-            t => Some(t + INLINE_HOLD_NS),
+            t => Some(t + hold),
         }
     }
 
@@ -659,6 +671,50 @@ impl SrqShared {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The data path thread sleeps through the ends of the inline hold
+    /// while the program keeps polling, and wakes once it stopped (at
+    /// most INLINE_HOLD_MAX_NS after its last poll).
+    #[test]
+    fn the_data_path_thread_sleeps_on_while_the_program_polls() {
+        use crate::device::datapath::Backoff;
+        let bell = Arc::new(Doorbell::new().unwrap());
+        let origin = std::time::Instant::now();
+        let clock = move || origin.elapsed().as_nanos() as u64;
+        let polls_for = 3 * INLINE_HOLD_NS;
+        bell.inline_turn(clock());
+        let program = {
+            let bell = bell.clone();
+            std::thread::spawn(move || {
+                let mut last = 0;
+                loop {
+                    let t = clock();
+                    if t >= polls_for {
+                        break last;
+                    }
+                    last = t;
+                    bell.inline_turn(t);
+                    std::thread::sleep(std::time::Duration::from_micros(20));
+                }
+            })
+        };
+        let mut fds = [libc::pollfd {
+            fd: bell.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        let mut backoff = Backoff::eager(true);
+        backoff.after_poll_waiting(clock(), false, None, &mut fds, &bell, true, clock, || false);
+        let woke = clock();
+        let last_poll = program.join().unwrap();
+        // Through at least two ends of the first hold, to the program's
+        // last poll and a hold after it. (The last poll is before
+        // `polls_for`, far below the 16 ms bound on any one wait.)
+        assert!(
+            woke >= last_poll + INLINE_HOLD_NS,
+            "woke at {woke} ns, the program polled until {last_poll} ns"
+        );
+    }
     use crate::transport::RecvWr;
 
     #[test]

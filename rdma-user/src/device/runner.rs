@@ -179,8 +179,8 @@ pub fn shared_data_path_loop(
     fn lock(dp: &Mutex<DataPath>) -> Option<std::sync::MutexGuard<'_, DataPath>> {
         dp.lock().ok()
     }
-    let (doorbell, mut fds) = match lock(&dp) {
-        Some(d) => (d.core.doorbell.clone(), wait_fds(&d)),
+    let (doorbell, mut fds, clock) = match lock(&dp) {
+        Some(d) => (d.core.doorbell.clone(), wait_fds(&d), d.clock()),
         None => return,
     };
     let mut backoff = Backoff::eager(adaptive);
@@ -194,17 +194,19 @@ pub fn shared_data_path_loop(
         // for. Waking for them only preempts
         // it (a cross-CPU wake-up and two context switches, 7-10 us
         // here), so while it polls this thread waits for its doorbell.
-        let to_program = doorbell
-            .as_ref()
-            .and_then(|b| b.inline_until())
-            .filter(|_| adaptive && d.core.frames_can_wait_for_polls());
+        let to_program = adaptive && d.core.frames_can_wait_for_polls();
         drop(d);
         match &doorbell {
-            Some(bell) => {
-                backoff.after_poll_waiting(now, work, next, &mut fds, bell, to_program, || {
-                    lock(&dp).is_none_or(|d| d.core.rings_have_work())
-                })
-            }
+            Some(bell) => backoff.after_poll_waiting(
+                now,
+                work,
+                next,
+                &mut fds,
+                bell,
+                to_program,
+                clock,
+                || lock(&dp).is_none_or(|d| d.core.rings_have_work()),
+            ),
             None => backoff.after_poll(now, work, next),
         }
     }
@@ -234,9 +236,16 @@ pub fn data_path_loop(
         match &doorbell {
             Some(d) => {
                 let core = &dp.core;
-                backoff.after_poll_waiting(dp.now(), work, next, &mut fds, d, None, || {
-                    core.rings_have_work()
-                });
+                backoff.after_poll_waiting(
+                    dp.now(),
+                    work,
+                    next,
+                    &mut fds,
+                    d,
+                    false,
+                    dp.clock(),
+                    || core.rings_have_work(),
+                );
             }
             None => backoff.after_poll(dp.now(), work, next),
         }

@@ -10,8 +10,9 @@ pub mod xdp;
 pub mod xsk;
 
 /// Waits in ppoll(2) until one of `fds` is ready or `ns` nanoseconds pass
-/// (what the data path and the relay do when idle).
-pub fn ppoll_ns(fds: &mut [libc::pollfd], ns: u64) {
+/// (what the data path and the relay do when idle). Returns whether one
+/// was ready (false: the time ran out, or a signal came).
+pub fn ppoll_ns(fds: &mut [libc::pollfd], ns: u64) -> bool {
     let ts = libc::timespec {
         tv_sec: (ns / 1_000_000_000) as libc::time_t,
         tv_nsec: (ns % 1_000_000_000) as libc::c_long,
@@ -24,6 +25,6 @@ pub fn ppoll_ns(fds: &mut [libc::pollfd], ns: u64) {
             fds.len() as libc::nfds_t,
             &ts,
             std::ptr::null(),
-        )
-    };
+        ) > 0
+    }
 }

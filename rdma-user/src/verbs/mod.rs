@@ -303,13 +303,13 @@ impl Context {
                 // kick to the next turn, so that the program's next send
                 // takes them along in one syscall: the program's next
                 // post or poll, or the data path thread's turn, if that
-                // comes soon. Otherwise nobody may take a turn for long:
-                // kick now.
+                // comes within the longest inline hold. Otherwise nobody
+                // may take a turn for long: kick now.
                 if dp.kick_pending()
                     && !self
                         .inner
                         .doorbell
-                        .turns_by(now.saturating_add(crate::device::rings::INLINE_HOLD_NS))
+                        .turns_by(now.saturating_add(crate::device::rings::INLINE_HOLD_MAX_NS))
                 {
                     dp.flush_kick();
                 }

@@ -426,7 +426,7 @@ impl Core {
     /// (SENDs, WRITEs with immediate, the answers to our own requests)
     /// ends in a completion the program polls for. (A QP's first remote
     /// access can thus wait for the program's next poll, at most
-    /// `INLINE_HOLD_NS`; from then on the thread takes its frames.)
+    /// `INLINE_HOLD_MAX_NS`; from then on the thread takes its frames.)
     pub fn frames_can_wait_for_polls(&self) -> bool {
         !self.qps.is_empty()
             && self
