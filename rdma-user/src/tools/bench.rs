@@ -731,7 +731,16 @@ pub fn lat_record(test: &str, bytes: usize, mut us: Vec<f64>) -> Record {
     }
 }
 
-fn wait_wc(dev: &mut Standalone, cq: u32, want: WcOpcode, timeout: Duration) -> Result<()> {
+fn wait_wc(
+    dev: &mut Standalone,
+    cq: u32,
+    want: WcOpcode,
+    early: &mut Early,
+    timeout: Duration,
+) -> Result<()> {
+    if early.take(want) {
+        return Ok(());
+    }
     let start = Instant::now();
     loop {
         dev.dp.poll();
@@ -743,10 +752,45 @@ fn wait_wc(dev: &mut Standalone, cq: u32, want: WcOpcode, timeout: Duration) -> 
             if b[0].opcode == want {
                 return Ok(());
             }
+            early.put(b[0].opcode);
             continue;
         }
         if start.elapsed() > timeout {
             bail!("the peer stopped answering (no completion for {timeout:?})");
+        }
+    }
+}
+
+/// Completions that came before the one awaited, for a later wait: the
+/// peer's answer (a RECV) can complete before our SEND's ACK arrives.
+#[derive(Default)]
+struct Early {
+    recv: u64,
+    other: u64,
+}
+
+impl Early {
+    fn put(&mut self, op: WcOpcode) {
+        if op == WcOpcode::Recv {
+            self.recv += 1;
+        } else {
+            self.other += 1;
+        }
+    }
+
+    /// Takes a banked completion of `want` (RECV, or any other kind: one
+    /// wait is for one kind at a time).
+    fn take(&mut self, want: WcOpcode) -> bool {
+        let n = if want == WcOpcode::Recv {
+            &mut self.recv
+        } else {
+            &mut self.other
+        };
+        if *n > 0 {
+            *n -= 1;
+            true
+        } else {
+            false
         }
     }
 }
@@ -828,6 +872,7 @@ fn pingpong(dev: &mut Standalone, c: &Ctx, o: &Options, size: usize) -> Result<R
     let (mut scnt, mut rcnt) = (0u64, 0u64);
     let poll_off = q.target_off + post_at;
     let mut progress = Progress::new(o.quiet);
+    let mut early = Early::default();
     while scnt < iters || rcnt < iters {
         progress.tick(o, size, scnt);
         if rcnt < iters && !(scnt < 1 && sends_first) {
@@ -850,6 +895,7 @@ fn pingpong(dev: &mut Standalone, c: &Ctx, o: &Options, size: usize) -> Result<R
                     dev,
                     c.cq,
                     WcOpcode::Recv,
+                    &mut early,
                     Duration::from_secs(o.connect_timeout),
                 )?;
                 q.post_recv(dev)?;
@@ -863,7 +909,13 @@ fn pingpong(dev: &mut Standalone, c: &Ctx, o: &Options, size: usize) -> Result<R
             wr.remote_addr = q.peer().vaddr;
             wr.rkey = q.peer().rkey;
             dev.dp.core.post_send(q.qpn, &wr)?;
-            wait_wc(dev, c.cq, want, Duration::from_secs(o.connect_timeout))?;
+            wait_wc(
+                dev,
+                c.cq,
+                want,
+                &mut early,
+                Duration::from_secs(o.connect_timeout),
+            )?;
         }
     }
     let us: Vec<f64> = times
@@ -915,6 +967,7 @@ fn one_sided_lat(dev: &mut Standalone, c: &Ctx, o: &Options, size: usize) -> Res
             } else {
                 WcOpcode::RdmaRead
             },
+            &mut Early::default(),
             Duration::from_secs(o.connect_timeout),
         )?;
         us.push(t.elapsed().as_secs_f64() * 1e6);
@@ -1035,4 +1088,23 @@ fn stream(dev: &mut Standalone, c: &Ctx, o: &Options, size: usize, client: bool)
         msg_rate_mpps: Some(completed as f64 / secs / 1e6),
         ..Default::default()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The peer's answer may complete before our SEND's ACK: the wait for
+    /// the SEND keeps the RECV for the next wait instead of dropping it.
+    #[test]
+    fn a_completion_ahead_of_the_awaited_one_is_kept() {
+        let mut early = Early::default();
+        assert!(!early.take(WcOpcode::Recv));
+        early.put(WcOpcode::Recv);
+        assert!(!early.take(WcOpcode::Send), "a RECV is no SEND");
+        assert!(early.take(WcOpcode::Recv));
+        assert!(!early.take(WcOpcode::Recv), "taken once");
+        early.put(WcOpcode::Send);
+        assert!(early.take(WcOpcode::Send));
+    }
 }
