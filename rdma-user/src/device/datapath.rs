@@ -1273,16 +1273,16 @@ impl Backoff {
             // looked at every MAX_WAIT at the latest.
             let now = clock();
             let polled_since = doorbell.inline_hold_until(hold).is_some_and(|t| t > now);
-            hold = (hold * 2).min(super::rings::INLINE_HOLD_MAX_NS);
-            let (n, h) = until(now, hold);
             if !polled_since
-                || !h
                 || next.is_some_and(|t| t <= now)
                 || now >= slept_from.saturating_add(MAX_WAIT)
             {
                 break;
             }
-            (ns, held) = (n, h);
+            // Still held: the longer hold ends after the one just found
+            // running.
+            hold = (hold * 2).min(super::rings::INLINE_HOLD_MAX_NS);
+            (ns, held) = until(now, hold);
             doorbell.going_to_sleep(now.saturating_add(ns));
         }
         doorbell.woke();

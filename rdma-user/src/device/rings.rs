@@ -119,12 +119,8 @@ impl Doorbell {
     }
 
     /// Until when a program that polls (its last inline turn less than
-    /// [`INLINE_HOLD_NS`] ago) is taken to move its own frames.
-    pub fn inline_until(&self) -> Option<u64> {
-        self.inline_hold_until(INLINE_HOLD_NS)
-    }
-
-    /// The same for a hold of `hold` ns.
+    /// `hold` ns ago: [`INLINE_HOLD_NS`] at first) is taken to move its
+    /// own frames.
     pub fn inline_hold_until(&self, hold: u64) -> Option<u64> {
         match self.inline_at.load(Ordering::Relaxed) {
             0 => None,
