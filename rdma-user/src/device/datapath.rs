@@ -1339,6 +1339,8 @@ impl DataPath {
                     "rx_oversize": x.rx_dropped_oversize, "kernel_rx_dropped": k.rx_dropped,
                     "kernel_rx_ring_full": k.rx_ring_full,
                     "kernel_rx_fill_ring_empty": k.rx_fill_ring_empty_descs,
+                    "kernel_tx_invalid": k.tx_invalid_descs,
+                    "tx_stalled": x.tx_stalled(),
                     "rings": x.debug_state(), "bind": x.mode.name(),
                     "multi_buffer": x.multi_buffer})
             })

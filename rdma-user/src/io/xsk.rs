@@ -30,6 +30,10 @@ const MAX_FRAGS: usize = 32;
 pub const NEEDS_LARGER: usize = usize::MAX;
 /// Descriptors waiting for TX ring room before send_with pushes back.
 const TX_BACKLOG_LIMIT: usize = 64;
+/// Wakeups in a row without a completion that make a socket's TX stalled
+/// (`Xsk::tx_stalled`): a retry exhausted (eight transmissions, each with
+/// its wakeup) on a stalled queue reaches it.
+const TX_STALL_WAKEUPS: u32 = 8;
 
 /// How a socket ended up bound.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,6 +162,44 @@ unsafe fn chunk_mut(mem: &SharedMem, addr: u64, len: usize) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(mem.as_ptr().add(addr as usize), len) }
 }
 
+/// The TX frames the kernel holds: handed over and not completed yet, and
+/// the wakeups since it last completed one.
+#[derive(Default)]
+struct TxInKernel {
+    frames: u64,
+    unanswered: u32,
+    /// The current stall was warned about.
+    warned: bool,
+}
+
+impl TxInKernel {
+    fn queued(&mut self, n: u64) {
+        self.frames += n;
+    }
+
+    fn completed(&mut self) {
+        self.frames = self.frames.saturating_sub(1);
+        self.unanswered = 0;
+        self.warned = false;
+    }
+
+    /// A wakeup was made; true when it shows a stall not warned about yet.
+    fn woke(&mut self) -> bool {
+        self.unanswered = self.unanswered.saturating_add(1);
+        let warn = self.stalled() && !self.warned;
+        self.warned |= warn;
+        warn
+    }
+
+    /// Frames wait and `TX_STALL_WAKEUPS` wakeups in a row brought no
+    /// completion (a driver completes a socket's frames on its next TX
+    /// poll, which every wakeup starts, so a working one answers the first
+    /// or second).
+    fn stalled(&self) -> bool {
+        self.frames > 0 && self.unanswered >= TX_STALL_WAKEUPS
+    }
+}
+
 pub struct Xsk {
     // Field order is drop order: rings and sockets before the UMEM and memory.
     rx: RingRx,
@@ -179,10 +221,19 @@ pub struct Xsk {
     pub multi_buffer: bool,
     scratch: Vec<u8>,
     tx_pending_kick: bool,
-    /// TX descriptors handed to the kernel and not yet completed, and the
-    /// kicks in a row that left them there without a wakeup (zero-copy).
-    tx_in_kernel: u64,
+    /// TX descriptors handed to the kernel and not yet completed, with the
+    /// wakeups since its last completion; and the kicks in a row that left
+    /// them there without a wakeup (zero-copy).
+    tx_in_kernel: TxInKernel,
     tx_unwoken_kicks: u32,
+    /// TX wakeups (sendto) made, those the stall rule made, and the last
+    /// error one returned other than the busy ones copy mode gives: what a
+    /// stalled zero-copy transmit looked like, for `stats`.
+    tx_wakeups: u64,
+    tx_stall_wakeups: u64,
+    tx_wake_errno: i32,
+    /// The queue this socket is bound to, for the stall warning.
+    queue: u32,
     tx_backlog: std::collections::VecDeque<XdpDesc>,
     pub rx_frames: u64,
     pub tx_frames: u64,
@@ -367,8 +418,12 @@ impl Xsk {
                 }
             ],
             tx_pending_kick: false,
-            tx_in_kernel: 0,
+            tx_in_kernel: TxInKernel::default(),
             tx_unwoken_kicks: 0,
+            tx_wakeups: 0,
+            tx_stall_wakeups: 0,
+            tx_wake_errno: 0,
+            queue,
             tx_backlog: std::collections::VecDeque::with_capacity(TX_BACKLOG_LIMIT + MAX_FRAGS),
             rx_frames: 0,
             tx_frames: 0,
@@ -436,7 +491,7 @@ impl Xsk {
     pub fn reap(&mut self) {
         let mut c = self.fq_cq.complete(self.fill_target);
         while let Some(addr) = c.read() {
-            self.tx_in_kernel = self.tx_in_kernel.saturating_sub(1);
+            self.tx_in_kernel.completed();
             if addr >= self.pinned_end {
                 self.free.push(addr & !(self.frame_size as u64 - 1));
             }
@@ -651,7 +706,7 @@ impl Xsk {
         self.tx_backlog.drain(..n as usize);
         if n > 0 {
             self.tx_pending_kick = true;
-            self.tx_in_kernel += n as u64;
+            self.tx_in_kernel.queued(n as u64);
         }
     }
 
@@ -677,9 +732,9 @@ impl Xsk {
         let pending = self.tx_pending_kick || self.tx.pending() > 0;
         self.tx_pending_kick = false;
         if pending && (self.tx.needs_wakeup() || self.mode == BindMode::Copy) {
-            self.tx.wake();
+            self.tx_wake();
             self.tx_unwoken_kicks = 0;
-        } else if self.tx_in_kernel > 0 {
+        } else if self.tx_in_kernel.frames > 0 {
             // Zero-copy: the driver said it needs no wakeup, yet frames
             // stay uncompleted. Once (TCG guests, virtio-net) none of the
             // 14 frames a responder queued reached its peer, which ran
@@ -689,13 +744,54 @@ impl Xsk {
             // such a driver.
             self.tx_unwoken_kicks += 1;
             if self.tx_unwoken_kicks >= STALL_KICKS {
-                self.tx.wake();
+                self.tx_wake();
+                self.tx_stall_wakeups += 1;
                 self.tx_unwoken_kicks = 0;
             }
         } else {
             self.tx_unwoken_kicks = 0;
         }
         self.reap();
+    }
+
+    /// The TX wakeup: an empty non-blocking sendto, as xdpilone's
+    /// `RingTx::wake` makes it, but with its error kept. EAGAIN, EBUSY and
+    /// ENOBUFS are copy mode's "try again" and not errors here.
+    fn tx_wake(&mut self) {
+        self.tx_wakeups += 1;
+        if self.tx_in_kernel.woke() {
+            log::warn!(
+                "AF_XDP queue {} ({:?}): {} TX frames wait for the kernel to complete them and {} wakeups in a row brought no completion; its transmit looks stalled",
+                self.queue,
+                self.mode,
+                self.tx_in_kernel.frames,
+                TX_STALL_WAKEUPS
+            );
+        }
+        // SAFETY: a zero-length sendto with no buffer and no address on
+        // the socket's own fd, which lives as long as `self.tx`.
+        let r = unsafe {
+            libc::sendto(
+                self.tx.as_raw_fd(),
+                std::ptr::null(),
+                0,
+                libc::MSG_DONTWAIT,
+                std::ptr::null(),
+                0,
+            )
+        };
+        if r < 0 {
+            let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+            if e != libc::EAGAIN && e != libc::EBUSY && e != libc::ENOBUFS {
+                self.tx_wake_errno = e;
+            }
+        }
+    }
+
+    /// Whether the kernel stopped transmitting for this socket: frames it
+    /// holds stay uncompleted through `TX_STALL_WAKEUPS` wakeups in a row.
+    pub fn tx_stalled(&self) -> bool {
+        self.tx_in_kernel.stalled()
     }
 
     /// Whether every frame handed to this socket has left: nothing waits
@@ -707,10 +803,15 @@ impl Xsk {
     /// One line of ring and pool state, for diagnostics.
     pub fn debug_state(&self) -> String {
         format!(
-            "free={} tx_backlog={} tx_pending={} fill_pending={} rx_avail={} rx={} tx={}",
+            "free={} tx_backlog={} tx_pending={} tx_uncompleted={} wakeups={} stall_wakeups={} unanswered={} wake_errno={} fill_pending={} rx_avail={} rx={} tx={}",
             self.free.len(),
             self.tx_backlog.len(),
             self.tx.pending(),
+            self.tx_in_kernel.frames,
+            self.tx_wakeups,
+            self.tx_stall_wakeups,
+            self.tx_in_kernel.unanswered,
+            self.tx_wake_errno,
             self.fq_cq.pending(),
             self.rx.available(),
             self.rx_frames,
@@ -728,4 +829,36 @@ pub fn rx_queues(ifname: &str) -> Result<u32> {
         .filter(|e| e.file_name().to_string_lossy().starts_with("rx-"))
         .count();
     Ok(n.max(1) as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_transmit_is_stalled_after_eight_unanswered_wakeups_and_warned_once() {
+        let mut t = TxInKernel::default();
+        t.queued(3);
+        // A working driver: a completion after each wakeup or two.
+        for _ in 0..20 {
+            assert!(!t.woke());
+            assert!(!t.woke());
+            t.completed();
+            t.queued(1);
+        }
+        assert!(!t.stalled());
+        // A stalled one: the eighth unanswered wakeup warns, later ones not.
+        let warned: Vec<bool> = (0..12).map(|_| t.woke()).collect();
+        assert_eq!(warned.iter().filter(|w| **w).count(), 1);
+        assert!(warned[TX_STALL_WAKEUPS as usize - 1]);
+        assert!(t.stalled());
+        // A completion ends it; a new stall warns again.
+        t.completed();
+        assert!(!t.stalled());
+        assert_eq!((0..TX_STALL_WAKEUPS).filter(|_| t.woke()).count(), 1);
+        // Wakeups with nothing held are no stall.
+        let mut idle = TxInKernel::default();
+        assert_eq!((0..20).filter(|_| idle.woke()).count(), 0);
+        assert!(!idle.stalled());
+    }
 }

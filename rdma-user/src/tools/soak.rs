@@ -108,6 +108,10 @@ pub struct ServerReport {
     /// The punts by reason (`rdma_common::fastpath::punt::NAMES`).
     #[serde(default)]
     pub xdp_punt_reasons: std::collections::BTreeMap<String, u64>,
+    /// Each AF_XDP socket's rings at the end, and whether its transmit
+    /// stalled (`Xsk::tx_stalled`): where the server's answers waited.
+    #[serde(default)]
+    pub sockets: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -395,6 +399,15 @@ fn setup(
 }
 
 /// Server: keep RECVs posted, check every message, answer the final report.
+/// A socket's rings, and "TX stalled" when its transmit stalled.
+fn socket_state(x: &crate::io::xsk::Xsk) -> String {
+    format!(
+        "[{}{}]",
+        x.debug_state(),
+        if x.tx_stalled() { ", TX stalled" } else { "" }
+    )
+}
+
 pub fn serve(o: &Options) -> Result<ServerReport> {
     let recv_off = AREA_OFF as usize + AREA;
     let mr_len = recv_off + RECV_DEPTH * MAX_SEND;
@@ -490,6 +503,7 @@ pub fn serve(o: &Options) -> Result<ServerReport> {
             }
         }
     }
+    rep.sockets = s.dev.dp.xsks.iter().map(socket_state).collect();
     send_line(&mut s.tcp, &rep)?;
     // Let the last ACKs leave.
     s.dev.poll_for(Duration::from_millis(100));
@@ -735,7 +749,7 @@ pub fn run(o: &Options) -> Result<Report> {
             note(
                 &mut rep,
                 format!(
-                    "no completion for {:?} with {} operations outstanding; QP: {}",
+                    "no completion for {:?} with {} operations outstanding; QP: {}; sockets: {}",
                     o.stall_timeout,
                     outstanding.len(),
                     s.dev
@@ -743,7 +757,14 @@ pub fn run(o: &Options) -> Result<Report> {
                         .core
                         .qp(s.qpn)
                         .map(|q| q.debug_state())
-                        .unwrap_or_default()
+                        .unwrap_or_default(),
+                    s.dev
+                        .dp
+                        .xsks
+                        .iter()
+                        .map(socket_state)
+                        .collect::<Vec<_>>()
+                        .join(" ")
                 ),
             );
             failed = true;

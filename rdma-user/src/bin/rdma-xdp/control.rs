@@ -358,6 +358,12 @@ pub fn stats(g: &Global) -> Result<()> {
                 x["kernel_rx_ring_full"],
                 x["kernel_rx_fill_ring_empty"]
             );
+            // The rings' state says where frames wait when a queue stalls.
+            println!(
+                "    rings: {}, kernel tx invalid {}",
+                x["rings"].as_str().unwrap_or("?"),
+                x["kernel_tx_invalid"]
+            );
         }
     }
     Ok(())
