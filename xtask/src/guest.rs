@@ -126,7 +126,7 @@ fn with_diagnosis(lab: &Lab, e: anyhow::Error) -> anyhow::Error {
         .into_iter()
         .collect();
     for i in 0..2 {
-        let line = match cli_once(lab, i, &["stats"]) {
+        let line = match stats_once(lab, i) {
             Ok(st) => {
                 stalled.extend(
                     stalled_queues(&st)
@@ -191,17 +191,9 @@ fn stalled_queues(st: &Value) -> Vec<usize> {
         .collect()
 }
 
-/// `rdma-xdp --json ARGS` once, without waiting for a daemon.
-fn cli_once(lab: &Lab, i: usize, args: &[&str]) -> Result<Value> {
-    let o = lab.exec(
-        side(i),
-        &format!("{BIN} --json {}", args.join(" ")),
-        Duration::from_secs(30),
-    )?;
-    if !o.success() {
-        bail!("{}", o.stderr.trim());
-    }
-    Ok(serde_json::from_str(&o.stdout)?)
+/// A daemon's stats, asked once (without waiting for a daemon).
+fn stats_once(lab: &Lab, i: usize) -> Result<Value> {
+    Ok(serde_json::from_str(&show(lab, i, &["--json", "stats"])?)?)
 }
 
 /// A daemon's stats on one line: its XDP verdicts and data path counters
