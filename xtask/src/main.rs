@@ -77,7 +77,7 @@ enum Cmd {
         /// Instead: our stack inside both VMs (virtio-net, two queues, a
         /// guest kernel with AF_XDP zero-copy), zero-copy and copy mode: the
         /// demo's operations, a short soak, a short hostile flood.
-        #[arg(long, conflicts_with_all = ["rxe_pair", "capture"])]
+        #[arg(long, conflicts_with = "rxe_pair")]
         guest: bool,
     },
     /// perftest-style benchmarks, same-link baselines and the engine
@@ -208,7 +208,7 @@ fn main() {
             guest,
         } => prereqs(true, true).and_then(|_| {
             if guest {
-                guest::guest(quick, keep_vm, only.as_deref())
+                guest::guest(quick, keep_vm, only.as_deref(), capture.as_deref())
             } else if rxe_pair {
                 pair::rxe_pair(only.as_deref(), keep_vm, capture.as_deref())
             } else {

@@ -31,5 +31,5 @@ pub(crate) fn test(args: &[String]) -> Result<()> {
     // And our stack inside the VMs on virtio-net, zero-copy and copy mode
     // (`cargo xtask interop --guest --quick`).
     println!("our stack inside the VMs (quick)");
-    crate::guest::guest(true, false, None)
+    crate::guest::guest(true, false, None, None)
 }
