@@ -669,29 +669,36 @@ mod tests {
     use super::*;
 
     /// The data path thread sleeps through the ends of the inline hold
-    /// while the program keeps polling, and wakes once it stopped (at
-    /// most INLINE_HOLD_MAX_NS after its last poll).
+    /// while the program keeps polling, and wakes once it stopped. Checked
+    /// against what the thread could see, so that it holds however the
+    /// two threads are scheduled: every poll published before the thread's
+    /// last look at the clock lies a whole hold before that look (a poll
+    /// within the hold would have kept it asleep), and it looked at least
+    /// once (it slept through the first hold's end).
     #[test]
     fn the_data_path_thread_sleeps_on_while_the_program_polls() {
         use crate::device::datapath::Backoff;
+        use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
         let bell = Arc::new(Doorbell::new().unwrap());
         let origin = std::time::Instant::now();
         let clock = move || origin.elapsed().as_nanos() as u64;
         let polls_for = 3 * INLINE_HOLD_NS;
-        bell.inline_turn(clock());
+        // Each poll as (its time, a time after it was published).
+        let poll = move |bell: &Doorbell| {
+            let t = clock();
+            bell.inline_turn(t);
+            (t, clock())
+        };
+        let first = poll(&bell);
         let program = {
             let bell = bell.clone();
             std::thread::spawn(move || {
-                let mut last = 0;
-                loop {
-                    let t = clock();
-                    if t >= polls_for {
-                        break last;
-                    }
-                    last = t;
-                    bell.inline_turn(t);
+                let mut polls = Vec::new();
+                while clock() < polls_for {
+                    polls.push(poll(&bell));
                     std::thread::sleep(std::time::Duration::from_micros(20));
                 }
+                polls
             })
         };
         let mut fds = [libc::pollfd {
@@ -699,17 +706,33 @@ mod tests {
             events: libc::POLLIN,
             revents: 0,
         }];
+        // The thread's looks at the clock after a hold ran out.
+        let looked = Arc::new(AtomicU64::new(0));
+        let seen = {
+            let looked = looked.clone();
+            move || {
+                let t = clock();
+                looked.store(t, SeqCst);
+                t
+            }
+        };
         let mut backoff = Backoff::eager(true);
-        backoff.after_poll_waiting(clock(), false, None, &mut fds, &bell, true, clock, || false);
-        let woke = clock();
-        let last_poll = program.join().unwrap();
-        // Through at least two ends of the first hold, to the program's
-        // last poll and a hold after it. (The last poll is before
-        // `polls_for`, far below the 16 ms bound on any one wait.)
+        backoff.after_poll_waiting(clock(), false, None, &mut fds, &bell, true, seen, || false);
+        let mut polls = program.join().unwrap();
+        polls.push(first);
+        let last_look = looked.load(SeqCst);
         assert!(
-            woke >= last_poll + INLINE_HOLD_NS,
-            "woke at {woke} ns, the program polled until {last_poll} ns"
+            last_look >= INLINE_HOLD_NS,
+            "woke before the first hold ended ({last_look} ns)"
         );
+        for (t, published) in polls {
+            if published <= last_look {
+                assert!(
+                    t + INLINE_HOLD_NS <= last_look,
+                    "woke at {last_look} ns though the program polled at {t} ns"
+                );
+            }
+        }
     }
     use crate::transport::RecvWr;
 
