@@ -143,17 +143,9 @@ fn with_diagnosis(lab: &Lab, e: anyhow::Error) -> anyhow::Error {
     // The host's side of the link: what each tap took from its guest (RX)
     // and gave it (TX), and dropped.
     for id in [VmId::A, VmId::B] {
-        let o = std::process::Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                rxevm::net::NETNS,
-                "ip",
-                "-s",
-                "-o",
-                "link",
-                "show",
-            ])
+        let o = lab
+            .host("ip")
+            .args(["-s", "-o", "link", "show"])
             .arg(id.tap())
             .output();
         let got = o
@@ -689,8 +681,8 @@ fn hostile_body(lab: &Lab, count: u64) -> Result<String> {
 /// XDP's included).
 fn link_drops(lab: &Lab) -> Result<(u64, u64)> {
     // The tap lives in the lab's namespace.
-    let o = std::process::Command::new("ip")
-        .args(["netns", "exec", rxevm::net::NETNS, "cat"])
+    let o = lab
+        .host("cat")
         .arg(format!(
             "/sys/class/net/{}/statistics/tx_dropped",
             VmId::B.tap()

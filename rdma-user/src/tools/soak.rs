@@ -398,7 +398,6 @@ fn setup(
     })
 }
 
-/// Server: keep RECVs posted, check every message, answer the final report.
 /// A socket's rings, and "TX stalled" when its transmit stalled.
 fn socket_state(x: &crate::io::xsk::Xsk) -> String {
     format!(
@@ -408,6 +407,7 @@ fn socket_state(x: &crate::io::xsk::Xsk) -> String {
     )
 }
 
+/// Server: keep RECVs posted, check every message, answer the final report.
 pub fn serve(o: &Options) -> Result<ServerReport> {
     let recv_off = AREA_OFF as usize + AREA;
     let mr_len = recv_off + RECV_DEPTH * MAX_SEND;
