@@ -419,13 +419,15 @@ fn a_veth_peer_without_xdp_is_named_in_stats() {
 /// pass-through XDP program, so the ACKs B's XDP responder sends with
 /// XDP_TX reach A. Before, every WRITE into B's pool MR completed only
 /// after A's retransmission timeout (the engine's ACK of the duplicate).
+/// The two daemons agree on selective repeat (their default): XDP serves
+/// such a QP's in-order WRITEs as it serves a go-back-N QP's.
 #[test]
 fn xdp_acks_cross_a_relay_without_retransmission() {
     let _g = serial();
     let mut lab = Lab::with_relay(1500);
     lab.start_relay(&[]);
     lab.up(0, &[]);
-    lab.up(1, &["--no-selective-repeat"]);
+    lab.up(1, &[]);
     let (_, a_l, _) = lab.mr(0, 1 << 16, "all");
     let b = lab.ok(
         1,
@@ -436,7 +438,8 @@ fn xdp_acks_cross_a_relay_without_retransmission() {
         b["lkey"].as_u64().unwrap(),
         b["rkey"].as_u64().unwrap(),
     );
-    let (qa, _) = lab.connect();
+    let (qa, _, recovery) = lab.connect_recovery();
+    assert_eq!(recovery, "selective-repeat");
     for k in 0..3u64 {
         let data: Vec<u8> = (0..200u32).map(|i| (i as u64 * 13 + k) as u8).collect();
         let v = lab.post_ok(
@@ -470,7 +473,7 @@ fn xdp_acks_cross_a_relay_without_retransmission() {
 fn pool_mrs_take_writes_say_when_full_and_free_on_dereg() {
     let _g = serial();
     let mut lab = Lab::new(1500);
-    // Go-back-N: the XDP responder serves no QP with selective repeat.
+    // Go-back-N (selective repeat: `xdp_acks_cross_a_relay_...`).
     lab.up(0, &[]);
     lab.up(1, &["--no-selective-repeat"]);
     let (_, a_l, _) = lab.mr(0, 1 << 16, "all");

@@ -245,6 +245,10 @@ enum Verdict {
 #[test]
 fn xdp_decisions_and_acks_equal_the_engines() {
     let mut placed = 0u32;
+    // Placed in XDP on a selective-repeat QP; requests XDP punted as
+    // ahead of the expected PSN that such a QP's engine then kept.
+    let mut sr_placed = 0u32;
+    let mut sr_kept = 0u32;
     let mut acks = 0u32;
     let mut atomics = 0u32;
     let mut reads = 0u32;
@@ -252,7 +256,15 @@ fn xdp_decisions_and_acks_equal_the_engines() {
     for seed in 0..1000u64 {
         let mtu = [256, 1024, 4096][seed as usize % 3];
         let peer_psn = (seed as u32 * 0x9e37) & 0xff_ffff;
-        let mut b = Bench::new(mtu, 0x100, peer_psn);
+        // Every other stream recovers by selective repeat: XDP serves the
+        // same in-order requests of such a QP, and punts what arrives
+        // ahead of the expected PSN to the engine, which keeps it.
+        let sr = seed % 2 == 1;
+        let mut b = if sr {
+            Bench::selective(mtu, 0x100, peer_psn)
+        } else {
+            Bench::new(mtu, 0x100, peer_psn)
+        };
         // Every fourth stream over IPv6, every fifth with a VLAN tag: the
         // templates XDP patches come in all four shapes.
         if seed % 4 == 3 {
@@ -415,6 +427,7 @@ fn xdp_decisions_and_acks_equal_the_engines() {
                 }
                 (Some(mut st), Some(Ok(Verdict::Write(p)))) => {
                     placed += 1;
+                    sr_placed += sr as u32;
                     assert_eq!(after.errors, before.errors, "seed {seed}");
                     // The same bytes at the same place.
                     let mut expect = mem_before;
@@ -445,12 +458,18 @@ fn xdp_decisions_and_acks_equal_the_engines() {
                 }
                 (Some(_), Some(Err(r))) => {
                     punts[r] += 1;
+                    sr_kept += (sr
+                        && r == punt::PSN
+                        && after.out_of_sequence_received > before.out_of_sequence_received)
+                        as u32;
                     // Never a punt where the engine just places silently,
                     // except for what XDP never serves.
                     let mut silent = after.errors == before.errors
                         && after.bad_pkey == before.bad_pkey
                         && after.duplicates_received == before.duplicates_received
-                        && after.out_of_sequence_received == before.out_of_sequence_received;
+                        && after.out_of_sequence_received == before.out_of_sequence_received
+                        && after.sr_outside_window == before.sr_outside_window
+                        && after.sr_not_kept == before.sr_not_kept;
                     if is_read {
                         // Silent for a READ: one response packet, which
                         // XDP could have sent.
@@ -482,10 +501,14 @@ fn xdp_decisions_and_acks_equal_the_engines() {
             }
         }
     }
-    eprintln!("placed {placed}, acks {acks}, atomics {atomics}, reads {reads}, punts {punts:?}");
+    eprintln!("placed {placed} ({sr_placed} under selective repeat, which kept {sr_kept} punted as ahead), acks {acks}, atomics {atomics}, reads {reads}, punts {punts:?}");
     assert!(
         placed > 8000 && acks > 3000 && atomics > 1000 && reads > 600,
         "placed {placed}, acks {acks}, atomics {atomics}, reads {reads}"
+    );
+    assert!(
+        sr_placed > 3000 && sr_kept > 50,
+        "{sr_placed} placed, {sr_kept} kept under selective repeat"
     );
     for r in [
         punt::NOT_WRITE,

@@ -180,13 +180,17 @@ pub struct RespConsts {
 
 impl QpEngine {
     /// The responder's state, if XDP may take the QP's requests from here
-    /// on: an RC QP in RTR or RTS without selective repeat, with nothing
-    /// to answer (no ACK, NAK or response due, no sequence NAK
-    /// outstanding) and no message in progress but a plain WRITE.
+    /// on: an RC QP in RTR or RTS with nothing to answer (no ACK, NAK or
+    /// response due, no sequence NAK outstanding, no SACK due) and no
+    /// message in progress but a plain WRITE. Under selective repeat also
+    /// nothing kept ahead of the expected PSN: XDP serves only requests at
+    /// the expected PSN, and there the two recoveries answer alike (an ACK
+    /// of that PSN when it asks); whatever arrives ahead of it is punted,
+    /// and the engine keeps it and SACKs.
     pub fn lendable_responder(&self) -> Option<RespSnapshot> {
         if self.qp_type != QpType::Rc
             || !matches!(self.state, QpState::Rtr | QpState::Rts)
-            || self.sr.on
+            || (self.sr.on && (self.sr.rx.held > 0 || self.sr.rx.sack_due))
             || !self.resp.resp_q.is_empty()
             || self.resp.pending_ack.is_some()
             || self.resp.nak_seq_sent

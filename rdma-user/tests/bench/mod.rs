@@ -25,9 +25,26 @@ impl Bench {
     }
 
     pub fn with(mtu: u32, our_psn: u32, peer_psn: u32, tweak: impl Fn(&mut QpAttr)) -> Bench {
+        Self::build(mtu, our_psn, peer_psn, false, tweak)
+    }
+
+    /// As [`Bench::new`], recovering by selective repeat (as if both
+    /// sides had offered it in the connection exchange).
+    pub fn selective(mtu: u32, our_psn: u32, peer_psn: u32) -> Bench {
+        Self::build(mtu, our_psn, peer_psn, true, |_| {})
+    }
+
+    fn build(
+        mtu: u32,
+        our_psn: u32,
+        peer_psn: u32,
+        selective_repeat: bool,
+        tweak: impl Fn(&mut QpAttr),
+    ) -> Bench {
         let mut n = Node::new(B_QPN, 0x5000_0000, [10, 0, 0, 2], [10, 0, 0, 1], 9);
         let q = &mut n.qp;
         q.modify(&QpAttr::init(Access::ALL)).unwrap();
+        q.set_selective_repeat(selective_repeat).unwrap();
         q.modify(&QpAttr {
             qp_state: Some(QpState::Rtr),
             dest_gid: Some([0; 16]),
