@@ -226,7 +226,7 @@ pub struct SoakArgs {
     #[arg(long)]
     pub no_selective_repeat: bool,
     /// Register the MR in the MR pool: the XDP responder places in-order
-    /// WRITEs to it (with go-back-N; see --no-selective-repeat).
+    /// WRITEs to it (under either recovery).
     #[arg(long)]
     pub pool: bool,
     /// The operations the client mixes: any of write, read, send,
