@@ -8,7 +8,9 @@
 //!
 //! Posts and polls are lock-free ring operations (`device::rings`) that
 //! also try to run a turn of the data path on the calling thread (inline
-//! progress, never waiting); control calls run under the data path's lock
+//! progress, never waiting); a single WR posted while that lock is free
+//! and its ring empty goes straight to the engine under it (the same
+//! checks, no copies through the ring); control calls run under the data path's lock
 //! on the caller's thread. `ibv_wr_*` lives in `wr`, SRQs in `srq`, async
 //! events in `events`.
 
@@ -1197,7 +1199,7 @@ pub(crate) fn post_batch(qpx: *mut ibv_qp_ex) -> c_int {
     if ret == 0 {
         for p in b.wrs.iter_mut() {
             let wr = p.as_send_wr();
-            if let Err(e) = post_one(q, &rings, &wr) {
+            if let Err(e) = post_one(q, &wr, |w| rings.post_send(w).map_err(post_errno)) {
                 ret = e;
                 break;
             }
@@ -1233,7 +1235,12 @@ pub(crate) fn our_sges(list: &[ibv_sge], out: &mut [Sge; MAX_SGE]) -> usize {
     list.len()
 }
 
-fn post_one(q: &Qp, rings: &QpRings, r: &ibv_send_wr) -> Result<(), c_int> {
+/// A program's send WR as the engine takes it, handed to `submit`.
+fn post_one(
+    q: &Qp,
+    r: &ibv_send_wr,
+    submit: impl FnOnce(&SendWr) -> Result<(), c_int>,
+) -> Result<(), c_int> {
     let list = sges(r.sg_list, r.num_sge)?;
     let mut sg = [Sge::default(); MAX_SGE];
     let n = our_sges(list, &mut sg);
@@ -1297,7 +1304,7 @@ fn post_one(q: &Qp, rings: &QpRings, r: &ibv_send_wr) -> Result<(), c_int> {
         }
         w.inline = Some(&inline[..at]);
     }
-    rings.post_send(&w).map_err(post_errno)
+    submit(&w)
 }
 
 /// rdma-core's errno for a refused post: a full queue is ENOMEM.
@@ -1316,13 +1323,53 @@ unsafe extern "C" fn post_send(
             return libc::EINVAL;
         };
         let rings = q.rings.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: a non-null WR is the head of the caller's chain.
+        if !wr.is_null() && unsafe { (*wr).next.is_null() } {
+            // One WR: straight into the engine when the data path is free,
+            // and a turn sends it; else through the ring.
+            let mut ran = false;
+            // SAFETY: as above.
+            let r = post_one(q, unsafe { &*wr }, |w| {
+                match q.dp.post_send_now(qpn_of(q), &rings, w) {
+                    Some(r) => {
+                        ran = true;
+                        r.map_err(post_errno)
+                    }
+                    None => rings.post_send(w).map_err(post_errno),
+                }
+            });
+            return match r {
+                Ok(()) => {
+                    if !ran {
+                        moved(q, &rings);
+                    }
+                    0
+                }
+                Err(e) => {
+                    if !bad.is_null() {
+                        // SAFETY: the caller's out pointer.
+                        unsafe { *bad = wr };
+                    }
+                    e
+                }
+            };
+        }
         // SAFETY: the caller's WR chain and out pointer.
-        let (ret, any) = unsafe { post_chain(wr, bad, |r| post_one(q, &rings, r)) };
+        let (ret, any) = unsafe {
+            post_chain(wr, bad, |r| {
+                post_one(q, r, |w| rings.post_send(w).map_err(post_errno))
+            })
+        };
         if any {
             moved(q, &rings);
         }
         ret
     })
+}
+
+/// The QPN the data path knows `q` by.
+fn qpn_of(q: &Qp) -> u32 {
+    q.qpx.qp_base.qp_num
 }
 
 /// A WR of a program's chain (`next` links them).
@@ -1419,7 +1466,13 @@ unsafe extern "C" fn post_recv(
         // SAFETY: the caller's WR chain and out pointer.
         let (ret, _) = unsafe {
             post_chain(wr, bad, |r| {
-                with_recv_wr(r, MAX_SGE, |w| rings.post_recv(w).map_err(post_errno))
+                with_recv_wr(r, MAX_SGE, |w| {
+                    // Straight into the engine when the data path is free.
+                    match q.dp.post_recv_now(qpn_of(q), &rings, w) {
+                        Some(r) => r.map_err(post_errno),
+                        None => rings.post_recv(w).map_err(post_errno),
+                    }
+                })
             })
         };
         // No turn of the data path here: a receive WR is only needed by a

@@ -18,7 +18,8 @@ pub type Result<T, E = DeviceError> = std::result::Result<T, E>;
 use crate::io::xsk::{SharedMem, Xsk};
 use crate::memory::{Access, Backing, MrTable};
 use crate::transport::{
-    grh_of, Nanos, QpAttr, QpCap, QpEngine, QpState, QpStats, QpType, RecvWr, SendWr, Wc, WcOpcode,
+    grh_of, Nanos, PostError, QpAttr, QpCap, QpEngine, QpState, QpStats, QpType, RecvWr, SendWr,
+    Wc, WcOpcode,
 };
 
 use super::rings::{AsyncEvent, AsyncShared, CqShared, Doorbell, QpRings, SrqShared};
@@ -811,6 +812,80 @@ impl Core {
             }
         }
         any
+    }
+
+    /// Posts a send WR of a program's thread that holds the data path
+    /// straight into QP `qpn`'s engine ([`QpRings::post_send_direct`]), as
+    /// a push to `rings` followed by [`Core::pump_rings`] would. `None`:
+    /// `rings` are not the QP's, or WRs wait in them: push instead, so
+    /// that the WR keeps its place.
+    pub fn post_send_direct(
+        &mut self,
+        qpn: u32,
+        rings: &Arc<QpRings>,
+        wr: &SendWr,
+    ) -> Option<std::result::Result<(), PostError>> {
+        let slot = self.qps.get_mut(&qpn)?;
+        let QpSlot {
+            rings: mine,
+            qp,
+            moved_send,
+            ..
+        } = &mut *slot;
+        let r = mine.as_ref().filter(|m| Arc::ptr_eq(m, rings))?;
+        if r.send_waiting() {
+            return None;
+        }
+        let res = r.post_send_direct(wr, |w| {
+            if qp.post_send(w).is_err() {
+                qp.push_error_wc(w.wr_id, WcOpcode::Send);
+            }
+            *moved_send += 1;
+        });
+        if res.is_ok() {
+            Self::drain_wcs(
+                slot,
+                &mut self.cqs,
+                &mut self.stats,
+                self.async_events.as_deref(),
+            );
+        }
+        Some(res)
+    }
+
+    /// As [`Core::post_send_direct`], for a receive WR.
+    pub fn post_recv_direct(
+        &mut self,
+        qpn: u32,
+        rings: &Arc<QpRings>,
+        wr: &RecvWr,
+    ) -> Option<std::result::Result<(), PostError>> {
+        let slot = self.qps.get_mut(&qpn)?;
+        let QpSlot {
+            rings: mine,
+            qp,
+            moved_recv,
+            ..
+        } = &mut *slot;
+        let r = mine.as_ref().filter(|m| Arc::ptr_eq(m, rings))?;
+        if r.recv_waiting() {
+            return None;
+        }
+        let res = r.post_recv_direct(wr, |w| {
+            if qp.post_recv(w).is_err() {
+                qp.push_error_wc(w.wr_id, WcOpcode::Recv);
+            }
+            *moved_recv += 1;
+        });
+        if res.is_ok() {
+            Self::drain_wcs(
+                slot,
+                &mut self.cqs,
+                &mut self.stats,
+                self.async_events.as_deref(),
+            );
+        }
+        Some(res)
     }
 
     /// Sets the network path of a QP (before RTR).

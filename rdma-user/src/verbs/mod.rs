@@ -22,7 +22,7 @@ use crate::device::runner::shared_data_path_loop;
 use crate::device::standalone::{Attachment, Standalone};
 use crate::io::xdp::XdpMode;
 use crate::memory::Access;
-use crate::transport::{QpAttr, QpCap, QpState, QpType, RecvWr, SendWr, Sge, Wc};
+use crate::transport::{PostError, QpAttr, QpCap, QpState, QpType, RecvWr, SendWr, Sge, Wc};
 
 /// What a verbs call can fail with. [`Error::errno`] is what rdma-core's
 /// verbs would return for the same failure.
@@ -296,31 +296,68 @@ impl Context {
     pub fn progress(&self) -> bool {
         match self.inner.dp.try_lock() {
             Ok(mut dp) => {
-                let next = dp.poll().1;
-                let now = dp.turn_at();
-                self.inner.doorbell.inline_turn(now);
-                // A turn that answered what it received (ACKs) leaves the
-                // kick to the next turn, so that the program's next send
-                // takes them along in one syscall: the program's next
-                // post or poll, or the data path thread's turn, if that
-                // comes within the longest inline hold. Otherwise nobody
-                // may take a turn for long: kick now.
-                if dp.kick_pending()
-                    && !self
-                        .inner
-                        .doorbell
-                        .turns_by(now.saturating_add(crate::device::rings::INLINE_HOLD_MAX_NS))
-                {
-                    dp.flush_kick();
-                }
-                if let Some(t) = next {
-                    // A new deadline (a retransmission timer) before the
-                    // sleeping thread's wake-up: it must wake for it.
-                    self.inner.doorbell.ring_if_before(t);
-                }
+                self.turn(&mut dp);
                 true
             }
             Err(_) => false,
+        }
+    }
+
+    /// Posts `wr` to QP `qpn` straight into its engine and takes a turn
+    /// ([`Context::progress`]), if nobody else runs the data path and no WR
+    /// waits in `rings` (see [`Core::post_send_direct`]). `None`: push it
+    /// to `rings` instead.
+    pub fn post_send_now(
+        &self,
+        qpn: u32,
+        rings: &Arc<QpRings>,
+        wr: &SendWr,
+    ) -> Option<std::result::Result<(), PostError>> {
+        let mut dp = self.inner.dp.try_lock().ok()?;
+        let r = dp.core.post_send_direct(qpn, rings, wr)?;
+        if r.is_ok() {
+            self.turn(&mut dp);
+        }
+        Some(r)
+    }
+
+    /// Posts a receive WR straight into QP `qpn`'s engine, as
+    /// [`Context::post_send_now`] does, without a turn (a receive WR is
+    /// only needed by a message that has arrived, and every turn that
+    /// handles arrived messages takes the WRs first).
+    pub fn post_recv_now(
+        &self,
+        qpn: u32,
+        rings: &Arc<QpRings>,
+        wr: &RecvWr,
+    ) -> Option<std::result::Result<(), PostError>> {
+        let mut dp = self.inner.dp.try_lock().ok()?;
+        dp.core.post_recv_direct(qpn, rings, wr)
+    }
+
+    /// One turn of the data path on the calling thread, which holds it.
+    fn turn(&self, dp: &mut DataPath) {
+        let next = dp.poll().1;
+        let now = dp.turn_at();
+        self.inner.doorbell.inline_turn(now);
+        // A turn that answered what it received (ACKs) leaves the
+        // kick to the next turn, so that the program's next send
+        // takes them along in one syscall: the program's next
+        // post or poll, or the data path thread's turn, if that
+        // comes within the longest inline hold. Otherwise nobody
+        // may take a turn for long: kick now.
+        if dp.kick_pending()
+            && !self
+                .inner
+                .doorbell
+                .turns_by(now.saturating_add(crate::device::rings::INLINE_HOLD_MAX_NS))
+        {
+            dp.flush_kick();
+        }
+        if let Some(t) = next {
+            // A new deadline (a retransmission timer) before the
+            // sleeping thread's wake-up: it must wake for it.
+            self.inner.doorbell.ring_if_before(t);
         }
     }
 
