@@ -825,32 +825,16 @@ impl Core {
         rings: &Arc<QpRings>,
         wr: &SendWr,
     ) -> Option<std::result::Result<(), PostError>> {
-        let slot = self.qps.get_mut(&qpn)?;
-        let QpSlot {
-            rings: mine,
-            qp,
-            moved_send,
-            ..
-        } = &mut *slot;
-        let r = mine.as_ref().filter(|m| Arc::ptr_eq(m, rings))?;
-        if r.send_waiting() {
-            return None;
-        }
-        let res = r.post_send_direct(wr, |w| {
-            if qp.post_send(w).is_err() {
-                qp.push_error_wc(w.wr_id, WcOpcode::Send);
-            }
-            *moved_send += 1;
-        });
-        if res.is_ok() {
-            Self::drain_wcs(
-                slot,
-                &mut self.cqs,
-                &mut self.stats,
-                self.async_events.as_deref(),
-            );
-        }
-        Some(res)
+        self.post_direct(qpn, rings, |r, qp, moved_send, _| {
+            (!r.send_waiting()).then(|| {
+                r.post_send_direct(wr, |w| {
+                    if qp.post_send(w).is_err() {
+                        qp.push_error_wc(w.wr_id, WcOpcode::Send);
+                    }
+                    *moved_send += 1;
+                })
+            })
+        })
     }
 
     /// As [`Core::post_send_direct`], for a receive WR.
@@ -860,23 +844,43 @@ impl Core {
         rings: &Arc<QpRings>,
         wr: &RecvWr,
     ) -> Option<std::result::Result<(), PostError>> {
+        self.post_direct(qpn, rings, |r, qp, _, moved_recv| {
+            (!r.recv_waiting()).then(|| {
+                r.post_recv_direct(wr, |w| {
+                    if qp.post_recv(w).is_err() {
+                        qp.push_error_wc(w.wr_id, WcOpcode::Recv);
+                    }
+                    *moved_recv += 1;
+                })
+            })
+        })
+    }
+
+    /// The QP's slot for a direct post, if `rings` are its own; `post`
+    /// gets the rings, the engine and the moved counts (send, receive),
+    /// and the completions are drained as [`Core::pump_rings`] drains
+    /// them after moving WRs.
+    fn post_direct(
+        &mut self,
+        qpn: u32,
+        rings: &Arc<QpRings>,
+        post: impl FnOnce(
+            &QpRings,
+            &mut QpEngine,
+            &mut u64,
+            &mut u64,
+        ) -> Option<std::result::Result<(), PostError>>,
+    ) -> Option<std::result::Result<(), PostError>> {
         let slot = self.qps.get_mut(&qpn)?;
         let QpSlot {
             rings: mine,
             qp,
+            moved_send,
             moved_recv,
             ..
         } = &mut *slot;
         let r = mine.as_ref().filter(|m| Arc::ptr_eq(m, rings))?;
-        if r.recv_waiting() {
-            return None;
-        }
-        let res = r.post_recv_direct(wr, |w| {
-            if qp.post_recv(w).is_err() {
-                qp.push_error_wc(w.wr_id, WcOpcode::Recv);
-            }
-            *moved_recv += 1;
-        });
+        let res = post(r, qp, moved_send, moved_recv)?;
         if res.is_ok() {
             Self::drain_wcs(
                 slot,
