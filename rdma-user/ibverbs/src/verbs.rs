@@ -1323,44 +1323,26 @@ unsafe extern "C" fn post_send(
             return libc::EINVAL;
         };
         let rings = q.rings.lock().unwrap_or_else(|e| e.into_inner());
+        // One WR: straight into the engine when the data path is free (a
+        // turn then sends it); a chain, or a busy data path: the ring.
         // SAFETY: a non-null WR is the head of the caller's chain.
-        if !wr.is_null() && unsafe { (*wr).next.is_null() } {
-            // One WR: straight into the engine when the data path is free,
-            // and a turn sends it; else through the ring.
-            let mut ran = false;
-            // SAFETY: as above.
-            let r = post_one(q, unsafe { &*wr }, |w| {
-                match q.dp.post_send_now(qpn_of(q), &rings, w) {
-                    Some(r) => {
-                        ran = true;
-                        r.map_err(post_errno)
-                    }
-                    None => rings.post_send(w).map_err(post_errno),
-                }
-            });
-            return match r {
-                Ok(()) => {
-                    if !ran {
-                        moved(q, &rings);
-                    }
-                    0
-                }
-                Err(e) => {
-                    if !bad.is_null() {
-                        // SAFETY: the caller's out pointer.
-                        unsafe { *bad = wr };
-                    }
-                    e
-                }
-            };
-        }
+        let single = !wr.is_null() && unsafe { (*wr).next.is_null() };
+        let mut ran = false;
         // SAFETY: the caller's WR chain and out pointer.
         let (ret, any) = unsafe {
             post_chain(wr, bad, |r| {
-                post_one(q, r, |w| rings.post_send(w).map_err(post_errno))
+                post_one(q, r, |w| {
+                    if single {
+                        if let Some(r) = q.dp.post_send_now(qpn_of(q), &rings, w) {
+                            ran = true;
+                            return r.map_err(post_errno);
+                        }
+                    }
+                    rings.post_send(w).map_err(post_errno)
+                })
             })
         };
-        if any {
+        if any && !ran {
             moved(q, &rings);
         }
         ret

@@ -186,6 +186,11 @@ impl OwnedSendWr {
     /// An owned copy; refuses what does not fit (see `check`).
     pub fn new(wr: &SendWr) -> Result<OwnedSendWr, PostError> {
         Self::check(wr)?;
+        Ok(Self::copy(wr))
+    }
+
+    /// The copy of a WR that passed `check`.
+    fn copy(wr: &SendWr) -> OwnedSendWr {
         let inline = wr.inline.filter(|_| !wr.opcode.is_rd_atomic());
         let mut sges = [Sge::default(); MAX_SGE];
         sges[..wr.sg_list.len()].copy_from_slice(wr.sg_list);
@@ -194,7 +199,7 @@ impl OwnedSendWr {
             b[..d.len()].copy_from_slice(d);
             (d.len() as u16, b)
         });
-        Ok(OwnedSendWr {
+        OwnedSendWr {
             wr_id: wr.wr_id,
             opcode: wr.opcode,
             flags: wr.flags,
@@ -207,7 +212,7 @@ impl OwnedSendWr {
             swap: wr.swap,
             inline,
             ud: wr.ud,
-        })
+        }
     }
 
     /// The engine's view of it, borrowing from `self`.
@@ -234,17 +239,28 @@ pub struct OwnedRecvWr {
 }
 
 impl OwnedRecvWr {
-    pub fn new(wr: &RecvWr) -> Result<OwnedRecvWr, PostError> {
+    /// What an owned copy refuses: more SGEs than a WR carries.
+    fn check(wr: &RecvWr) -> Result<(), PostError> {
         if wr.sg_list.len() > MAX_SGE {
             return Err(PostError::TooManySge);
         }
+        Ok(())
+    }
+
+    pub fn new(wr: &RecvWr) -> Result<OwnedRecvWr, PostError> {
+        Self::check(wr)?;
+        Ok(Self::copy(wr))
+    }
+
+    /// The copy of a WR that passed `check`.
+    fn copy(wr: &RecvWr) -> OwnedRecvWr {
         let mut sges = [Sge::default(); MAX_SGE];
         sges[..wr.sg_list.len()].copy_from_slice(wr.sg_list);
-        Ok(OwnedRecvWr {
+        OwnedRecvWr {
             wr_id: wr.wr_id,
             sges,
             num_sge: wr.sg_list.len() as u8,
-        })
+        }
     }
 
     pub fn as_wr(&self) -> RecvWr<'_> {
@@ -291,6 +307,14 @@ impl Depth {
     fn has_room(&self) -> bool {
         let posted = self.posted.load(Ordering::Relaxed);
         posted - self.retired.load(Ordering::Acquire) < self.cap
+    }
+
+    /// A WR handed to the engine by a poster that holds the data path's
+    /// lock (it alone pops): counted as pushed and popped at once, so
+    /// `waiting` stays false.
+    fn pushed_and_popped(&self) {
+        self.posted.fetch_add(1, Ordering::Release);
+        self.popped.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Pushed WRs not yet popped.
@@ -353,12 +377,9 @@ impl QpRings {
     /// Posts a send WR (one poster at a time per QP: the caller serialises
     /// its posters, as a provider's per-QP lock does).
     pub fn post_send(&self, wr: &SendWr) -> Result<(), PostError> {
-        check_send(self.qp_type, self.state(), wr)?;
-        if !self.send.has_room() {
-            return Err(PostError::QueueFull);
-        }
+        self.admit_send(wr)?;
         self.sq
-            .push(OwnedSendWr::new(wr)?)
+            .push(OwnedSendWr::copy(wr))
             .map_err(|_| PostError::QueueFull)?;
         // Release: a pop that sees the count finds the pushed WR whole.
         self.send.posted.fetch_add(1, Ordering::Release);
@@ -377,17 +398,21 @@ impl QpRings {
         post: impl FnOnce(&SendWr),
     ) -> Result<(), PostError> {
         debug_assert!(!self.send.waiting());
+        self.admit_send(wr)?;
+        self.send.pushed_and_popped();
+        post(wr);
+        Ok(())
+    }
+
+    /// What a send WR must pass to be posted, either way: the engine's
+    /// own rules against the published state, the queue depth, and what
+    /// an owned copy holds.
+    fn admit_send(&self, wr: &SendWr) -> Result<(), PostError> {
         check_send(self.qp_type, self.state(), wr)?;
         if !self.send.has_room() {
             return Err(PostError::QueueFull);
         }
-        OwnedSendWr::check(wr)?;
-        // Pushed and popped at once: `waiting` stays false for the data
-        // path, whose lock the caller holds (it alone pops).
-        self.send.posted.fetch_add(1, Ordering::Release);
-        self.send.popped.fetch_add(1, Ordering::Relaxed);
-        post(wr);
-        Ok(())
+        OwnedSendWr::check(wr)
     }
 
     /// As [`QpRings::post_send_direct`], for a receive WR.
@@ -397,17 +422,19 @@ impl QpRings {
         post: impl FnOnce(&RecvWr),
     ) -> Result<(), PostError> {
         debug_assert!(!self.recv.waiting());
+        self.admit_recv(wr)?;
+        self.recv.pushed_and_popped();
+        post(wr);
+        Ok(())
+    }
+
+    /// As [`QpRings::admit_send`], for a receive WR.
+    fn admit_recv(&self, wr: &RecvWr) -> Result<(), PostError> {
         check_recv(self.state(), wr)?;
         if !self.recv.has_room() {
             return Err(PostError::QueueFull);
         }
-        if wr.sg_list.len() > MAX_SGE {
-            return Err(PostError::TooManySge);
-        }
-        self.recv.posted.fetch_add(1, Ordering::Release);
-        self.recv.popped.fetch_add(1, Ordering::Relaxed);
-        post(wr);
-        Ok(())
+        OwnedRecvWr::check(wr)
     }
 
     /// WRs pushed to the send ring wait for the data path.
@@ -440,12 +467,9 @@ impl QpRings {
     }
 
     pub fn post_recv(&self, wr: &RecvWr) -> Result<(), PostError> {
-        check_recv(self.state(), wr)?;
-        if !self.recv.has_room() {
-            return Err(PostError::QueueFull);
-        }
+        self.admit_recv(wr)?;
         self.rq
-            .push(OwnedRecvWr::new(wr)?)
+            .push(OwnedRecvWr::copy(wr))
             .map_err(|_| PostError::QueueFull)?;
         self.recv.posted.fetch_add(1, Ordering::Release);
         Ok(())
