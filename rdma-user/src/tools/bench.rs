@@ -131,6 +131,20 @@ pub struct Record {
     pub xdp_ns_per_run: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub xdp_runs: Option<u64>,
+    /// This side's XDP counters that are not zero (placed, answered,
+    /// each punt reason), since its program was attached.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub xdp_stats: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// This side's XDP counters that are not zero.
+fn nonzero_xdp_stats(dev: &Standalone) -> Option<serde_json::Map<String, serde_json::Value>> {
+    let m = dev.xdp.stats_map().ok()?;
+    Some(
+        m.into_iter()
+            .filter(|(_, v)| v.as_u64().is_some_and(|n| n > 0))
+            .collect(),
+    )
 }
 
 /// This process's CPU time so far (user and system), in µs.
@@ -576,6 +590,7 @@ pub fn run(o: Options) -> Result<Vec<Record>> {
             path,
             xdp_ns_per_run,
             xdp_runs,
+            xdp_stats: nonzero_xdp_stats(&dev),
             ..rec
         });
     }
@@ -629,6 +644,7 @@ pub fn run(o: Options) -> Result<Vec<Record>> {
                     .then(|| cpu_us / (word(1) * ctx.qps.len() as u64) as f64),
                 xdp_ns_per_run: xdp_cost.map(|c| c.0),
                 xdp_runs: xdp_cost.map(|c| c.1),
+                xdp_stats: nonzero_xdp_stats(&dev),
                 ..Default::default()
             };
             if !o.quiet {
