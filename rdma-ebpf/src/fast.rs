@@ -21,7 +21,7 @@ use aya_ebpf::{
 use rdma_common::{
     fastpath::{
         self, owner, punt, AtomicReq, PoolMr, ReadReq, RespBuf, RespState, WriteReq, ACK_TMPL_LEN,
-        POOL_MR_SLOTS, RESP_SLOTS,
+        FOLD_GROUP, POOL_MR_SLOTS, RESP_SLOTS,
     },
     mr_pool, opcode, stat, AtomicEth, Bth, Reth, UdpHdr, ICRC_LEN,
 };
@@ -551,20 +551,30 @@ static ACK_OUT: PerCpuArray<RespBuf> = PerCpuArray::with_max_entries(1, 0);
 /// helper call per packet, then plain loads. 8 KiB: room for a page of
 /// payload with its RETH and pad, and a power of two for the masks.
 const SCRATCH: usize = 8192;
-/// Bytes hashed per `bpf_loop` turn (32 slicing-by-8 steps).
-const TURN: usize = 256;
+/// Words folded per `bpf_loop` turn (8 groups of `FOLD_GROUP`).
+const FOLD_TURN: usize = 40;
 
 #[map]
 static ICRC_SCRATCH: PerCpuArray<[u8; SCRATCH]> = PerCpuArray::with_max_entries(1, 0);
 
-/// The running CRC for `bpf_loop`'s callback (on the caller's stack).
+/// What `bpf_loop`'s callback works on, in this CPU's `ICRC_WALK`, not
+/// on the caller's stack: read from a map, its fields are unknown to the
+/// verifier, so it walks the callback once, not once per caller's bounds
+/// on them (the stack version more than doubled the instructions it
+/// processed).
 #[repr(C)]
 struct CrcWalk {
     /// Bytes of the scratch to hash.
     len: u64,
+    /// Its first words, folded (`fastpath::fold_words`), FOLD_TURN a turn;
+    /// the last turn hashes the rest by table.
+    fold: u64,
     crc: u32,
     _pad: u32,
 }
+
+#[map]
+static ICRC_WALK: PerCpuArray<CrcWalk> = PerCpuArray::with_max_entries(1, 0);
 
 /// The ICRC of the frame whose IP header is at `l3` (IPv4 if `ipv4` is
 /// 1, else IPv6) and whose UDP datagram is `udp_len` bytes: with `store`
@@ -592,90 +602,81 @@ fn icrc_walk(
     store: bool,
 ) -> Result<(), usize> {
     let hl = if ipv4 { 20 } else { 40 } + UdpHdr::LEN + Bth::LEN;
-    // The headers, masked: IP, UDP and BTH after 64 bits of ones, in an
-    // 8-byte-aligned buffer hashed a word at a time.
-    let mut pre = [0u64; 9];
-    let p = pre.as_mut_ptr() as *mut u8;
-    // SAFETY: the helper copies 40 or 60 bytes of the frame (its headers,
-    // checked present by the classifier) to bytes 8.. of our 72.
+    // Everything the ICRC covers goes into this CPU's scratch in one
+    // piece (one helper call): 64 bits of ones, then the frame from the
+    // IP header to the ICRC, the variant header fields masked to ones.
+    let len = udp_len
+        .checked_sub(UdpHdr::LEN + Bth::LEN + ICRC_LEN)
+        .ok_or(punt::MALFORMED)?;
+    // Volatile: LLVM knows `body` >= 40 and would drop a check that it
+    // is not zero, which the verifier needs for the helper's length.
+    let body = hl + len;
+    // SAFETY: reading a live local.
+    let body = unsafe { core::ptr::read_volatile(&body) };
+    if body == 0 {
+        return Err(punt::MALFORMED);
+    }
+    if body > SCRATCH - 8 {
+        return Err(punt::TOO_LONG);
+    }
+    let end = l3 + body;
+    let buf = ICRC_SCRATCH.get_ptr_mut(0).ok_or(punt::MALFORMED)? as *mut u8;
+    let words = buf as *mut u64;
+    // SAFETY: the first word of this CPU's scratch (XDP runs to its end
+    // on one CPU: nobody else uses it), then `body` <= SCRATCH - 8 bytes
+    // of the frame after it: its headers (checked present by the
+    // classifier) and what follows them up to the ICRC.
     let r = unsafe {
-        if ipv4 {
-            bpf_xdp_load_bytes(ctx.ctx, l3 as u32, p.add(8).cast(), 40)
-        } else {
-            bpf_xdp_load_bytes(ctx.ctx, l3 as u32, p.add(8).cast(), 60)
-        }
+        *words = !0;
+        bpf_xdp_load_bytes(ctx.ctx, l3 as u32, buf.add(8).cast(), body as u32)
     };
     if r != 0 {
         return Err(punt::MALFORMED);
     }
-    pre[0] = !0;
     // Read as a plain byte: LLVM takes a bool for 0 or 1 and would drop
     // the mask, which the verifier needs to bound the table index.
     // SAFETY: reading a field of a live struct.
     let v4 = unsafe { core::ptr::read_volatile(core::ptr::addr_of!(ipv4) as *const u8) };
     let base = ((v4 & 1) as usize) << 4;
-    // The masks a word at a time: the headers sit at byte 8, word 1.
+    // The masks a word at a time, from byte 8 (ones on the variant
+    // fields, zero from the BTH's end on: the payload after the headers
+    // is left as it is).
     let mut w = 0;
     while w < 8 {
-        pre[1 + w] |= u64::from_le(fastpath::ICRC_MASK64[base | w]);
+        // SAFETY: word 1 + w < 9 of the scratch.
+        unsafe { *words.add(1 + w) |= u64::from_le(fastpath::ICRC_MASK64[base | w]) };
         w += 1;
     }
-    let n = 8 + hl;
-    let mut crc = !0u32;
-    let mut w = 0;
-    while w < 8 {
-        if w * 8 + 8 <= n {
-            crc = fastpath::crc_u64(crc, u64::from_le(pre[w]));
-        }
-        w += 1;
+    let total = 8 + body;
+    // All words but the last five are folded (`fastpath::fold_words`;
+    // there are at least six); the CRC's start value is the first
+    // word's pending XOR, and the fold starts from 0.
+    let fold = fastpath::fold_words(total / 8);
+    // SAFETY: the scratch's first word.
+    unsafe { *words ^= (!0u32 as u64).to_le() };
+    let walk = ICRC_WALK.get_ptr_mut(0).ok_or(punt::MALFORMED)?;
+    // SAFETY: this CPU's walk value, ours until the program ends.
+    unsafe {
+        (*walk).len = total as u64;
+        (*walk).fold = fold as u64;
+        (*walk).crc = 0;
     }
-    // IPv6's prefix is 68 bytes: four more.
-    if n == 68 {
-        let mut k = 64;
-        while k < 68 {
-            // SAFETY: byte k < 72 of our buffer.
-            crc = fastpath::crc_byte(crc, unsafe { *p.add(k) });
-            k += 1;
-        }
+    let turns = (fold.div_ceil(FOLD_TURN) + 1) as u32;
+    // SAFETY: the callback is a function of this program; it finds its
+    // walk in the map.
+    let done = unsafe {
+        bpf_loop(
+            turns,
+            crc_turn as *mut core::ffi::c_void,
+            core::ptr::null_mut(),
+            0,
+        )
+    };
+    if done != turns as i64 {
+        return Err(punt::MALFORMED);
     }
-    // The rest, up to the ICRC.
-    let start = l3 + hl;
-    let len = udp_len
-        .checked_sub(UdpHdr::LEN + Bth::LEN + ICRC_LEN)
-        .ok_or(punt::MALFORMED)?;
-    let end = start + len;
-    if len > 0 {
-        if len > SCRATCH {
-            return Err(punt::TOO_LONG);
-        }
-        let buf = ICRC_SCRATCH.get_ptr_mut(0).ok_or(punt::MALFORMED)?;
-        // SAFETY: 1..=SCRATCH bytes of the frame into this CPU's scratch
-        // value (XDP runs to its end on one CPU: nobody else uses it).
-        let r = unsafe { bpf_xdp_load_bytes(ctx.ctx, start as u32, buf.cast(), len as u32) };
-        if r != 0 {
-            return Err(punt::MALFORMED);
-        }
-        let mut w = CrcWalk {
-            len: len as u64,
-            crc,
-            _pad: 0,
-        };
-        let turns = len.div_ceil(TURN) as u32;
-        // SAFETY: the callback is a function of this program; `w` lives
-        // on our stack for the whole call.
-        let done = unsafe {
-            bpf_loop(
-                turns,
-                crc_turn as *mut core::ffi::c_void,
-                (&mut w as *mut CrcWalk).cast(),
-                0,
-            )
-        };
-        if done != turns as i64 {
-            return Err(punt::MALFORMED);
-        }
-        crc = w.crc;
-    }
+    // SAFETY: as above.
+    let crc = unsafe { (*walk).crc };
     let mut got = [0u8; 4];
     if store {
         got = (!crc).to_le_bytes();
@@ -694,31 +695,103 @@ fn icrc_walk(
     Ok(())
 }
 
-/// One `bpf_loop` turn: the scratch's bytes `turn * TURN ..` (at most
-/// `TURN`, none past `len`) into the CRC, eight at a time, the last few
-/// one at a time. Indices are masked into the scratch for the verifier;
-/// the masks change no index below `len` <= SCRATCH.
+/// One `bpf_loop` turn over the scratch: the turn's `FOLD_TURN` words
+/// folded forward (`fastpath::fold_step`), five at a time and the last
+/// few one at a time, their pending XORs then written into the five words
+/// after them; or in the last turn those five words and the last bytes,
+/// by table. The pending XORs go through the scratch, not the walk:
+/// loaded from a map they are unknown to the verifier, which otherwise
+/// walked the callback again for each new set of their known bits.
 #[inline(never)]
-extern "C" fn crc_turn(turn: u64, cb_ctx: *mut core::ffi::c_void) -> i64 {
-    // SAFETY: `icrc_walk` passes its `CrcWalk`, alive for the whole loop.
-    let w = unsafe { &mut *(cb_ctx as *mut CrcWalk) };
-    let Some(buf) = ICRC_SCRATCH.get_ptr(0) else {
+extern "C" fn crc_turn(turn: u64, _cb_ctx: *mut core::ffi::c_void) -> i64 {
+    let Some(w) = ICRC_WALK.get_ptr_mut(0) else {
         return 1;
     };
-    let buf = buf as *const u8;
+    // SAFETY: this CPU's walk value, which `icrc_walk` filled.
+    let w = unsafe { &mut *w };
+    let Some(buf) = ICRC_SCRATCH.get_ptr_mut(0) else {
+        return 1;
+    };
+    let buf = buf as *mut u8;
+    // SAFETY (both): o is a multiple of 8, masked below SCRATCH - 8, and
+    // map values are 8-byte aligned: one aligned word of this CPU's
+    // scratch.
+    let word = |o: usize| u64::from_le(unsafe { *(buf.add(o & (SCRATCH - 8)) as *const u64) });
+    let xor_word =
+        |o: usize, v: u64| unsafe { *(buf.add(o & (SCRATCH - 8)) as *mut u64) ^= v.to_le() };
+    let fold = w.fold as usize;
+    let first = turn as usize * FOLD_TURN;
+    if first < fold {
+        let end = if fold - first < FOLD_TURN {
+            fold
+        } else {
+            first + FOLD_TURN
+        };
+        let (mut a, mut b, mut c, mut d, mut e) = (0, 0, 0, 0, 0);
+        let mut k = first;
+        let mut g = 0;
+        while g < FOLD_TURN / FOLD_GROUP {
+            if k + FOLD_GROUP > end {
+                break;
+            }
+            // One bound for the group's five words (never hit: `fold`
+            // words fit the scratch), then loads at constant offsets.
+            let o = k * 8;
+            if o > SCRATCH - 8 * FOLD_GROUP {
+                return 1;
+            }
+            // SAFETY: five words of this CPU's scratch, bounded just
+            // above; o is a multiple of 8 and map values are 8-byte
+            // aligned.
+            let g5 = unsafe { core::slice::from_raw_parts(buf.add(o) as *const u64, FOLD_GROUP) };
+            // The five pending XORs change roles word by word (a is the
+            // current word's, then the new fifth's), as in the test of
+            // `fold_step`.
+            a = fastpath::fold_step(u64::from_le(g5[0]) ^ a, &mut c, &mut d, &mut e);
+            b = fastpath::fold_step(u64::from_le(g5[1]) ^ b, &mut d, &mut e, &mut a);
+            c = fastpath::fold_step(u64::from_le(g5[2]) ^ c, &mut e, &mut a, &mut b);
+            d = fastpath::fold_step(u64::from_le(g5[3]) ^ d, &mut a, &mut b, &mut c);
+            e = fastpath::fold_step(u64::from_le(g5[4]) ^ e, &mut b, &mut c, &mut d);
+            k += FOLD_GROUP;
+            g += 1;
+        }
+        let o = k * 8;
+        xor_word(o, a);
+        xor_word(o + 8, b);
+        xor_word(o + 16, c);
+        xor_word(o + 24, d);
+        xor_word(o + 32, e);
+        // The last 0..=4 words one at a time, their pending XORs kept in
+        // the scratch (turning the five roles by hand made the verifier
+        // walk a state for every pattern of known zeros).
+        let mut r = 0;
+        while r < FOLD_GROUP - 1 {
+            if k >= end {
+                break;
+            }
+            let o = k * 8;
+            let (mut w2, mut w3, mut w4) = (0, 0, 0);
+            let w5 = fastpath::fold_step(word(o), &mut w2, &mut w3, &mut w4);
+            xor_word(o + 16, w2);
+            xor_word(o + 24, w3);
+            xor_word(o + 32, w4);
+            xor_word(o + 40, w5);
+            k += 1;
+            r += 1;
+        }
+        return 0;
+    }
+    // The last turn: the five words after the folded ones, and 0..=7
+    // bytes.
     let len = w.len as usize;
-    let at = (turn as usize & (SCRATCH / TURN - 1)) * TURN;
+    let at = fold * 8;
     let mut crc = w.crc;
     let mut i = 0;
-    while i < TURN / 8 {
+    while i <= FOLD_GROUP {
         let o = at + i * 8;
         if o + 8 <= len {
-            // SAFETY: o is a multiple of 8 below SCRATCH - 8 (masked), and
-            // map values are 8-byte aligned: one aligned load.
-            let v = unsafe { *(buf.add(o & (SCRATCH - 8)) as *const u64) };
-            crc = fastpath::crc_u64(crc, u64::from_le(v));
+            crc = fastpath::crc_u64(crc, word(o));
         } else {
-            // The last 0..=7 bytes, in the turn that holds them.
             let mut k = 0;
             while k < 8 {
                 if o + k < len {
