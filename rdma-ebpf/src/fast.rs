@@ -546,10 +546,11 @@ fn ack_frame(
 #[map]
 static ACK_OUT: PerCpuArray<RespBuf> = PerCpuArray::with_max_entries(1, 0);
 
-/// The bytes after the headers (extension headers, payload, pad) are
-/// copied once into this per-CPU scratch value and hashed from there: one
-/// helper call per packet, then plain loads. 8 KiB: room for a page of
-/// payload with its RETH and pad, and a power of two for the masks.
+/// What the ICRC covers (64 bits of ones, then the frame from the IP
+/// header to the ICRC) is copied once into this per-CPU scratch value,
+/// masked and hashed there: one helper call per packet, then plain loads.
+/// 8 KiB: room for a page of payload with its headers and pad, and a
+/// power of two for the masks.
 const SCRATCH: usize = 8192;
 /// Words folded per `bpf_loop` turn (8 groups of `FOLD_GROUP`).
 const FOLD_TURN: usize = 40;
@@ -560,8 +561,8 @@ static ICRC_SCRATCH: PerCpuArray<[u8; SCRATCH]> = PerCpuArray::with_max_entries(
 /// What `bpf_loop`'s callback works on, in this CPU's `ICRC_WALK`, not
 /// on the caller's stack: read from a map, its fields are unknown to the
 /// verifier, so it walks the callback once, not once per caller's bounds
-/// on them (the stack version more than doubled the instructions it
-/// processed).
+/// on them (on the stack: 658 607 instructions processed, in the map
+/// 113 915).
 #[repr(C)]
 struct CrcWalk {
     /// Bytes of the scratch to hash.
