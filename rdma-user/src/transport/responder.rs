@@ -44,8 +44,11 @@
 //! | 28 | the RECV WQE's lkeys are valid (local protection) | responder | fatal, NAK Remote Operational Error; the WQE completes with LOC_QP_OP_ERR | `qp.errors` | `responder_checks::recv_wqe_with_a_bad_lkey_is_a_remote_operational_error` |
 //!
 //! Not checked, and why: the LRH/GRH fields of native InfiniBand (RoCEv2
-//! has IP instead), Q_Key (UD only: see the table in `ud`), MigReq/APM (no alternate paths), and
-//! the SE bit (no event channel: completions are polled).
+//! has IP instead), Q_Key (UD only: see the table in `ud`), and MigReq/APM
+//! (no alternate paths). The SE bit needs no check: it is passed on into
+//! the receive completion ([`Wc::solicited`]) of a SEND or a WRITE with
+//! immediate, where a CQ armed for solicited events fires on it
+//! (`device::rings::CqShared`).
 
 use super::*;
 
