@@ -50,8 +50,7 @@ static CONFIG: Array<XdpConfig> = Array::with_max_entries(1, 0);
 /// The MR pool: registered memory this program may place payloads into.
 /// User space maps the one value `MAP_SHARED` and registers MRs inside it.
 #[map]
-static MR_POOL: Array<[u8; mr_pool::VALUE_BYTES]> =
-    Array::with_max_entries(1, BPF_F_MMAPABLE as u32);
+static MR_POOL: Array<[u8; mr_pool::VALUE_BYTES]> = Array::with_max_entries(1, BPF_F_MMAPABLE);
 
 #[xdp(frags)]
 pub fn rdma_xdp(ctx: XdpContext) -> u32 {

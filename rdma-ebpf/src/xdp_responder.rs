@@ -31,11 +31,11 @@ use crate::{count, ptr_at, MR_POOL};
 
 /// Per-QP responder state, at `qpn % RESP_SLOTS`; user space maps it.
 #[map]
-static RESP_STATE: Array<RespState> = Array::with_max_entries(RESP_SLOTS, BPF_F_MMAPABLE as u32);
+static RESP_STATE: Array<RespState> = Array::with_max_entries(RESP_SLOTS, BPF_F_MMAPABLE);
 
 /// The pool's MRs, at `rkey % POOL_MR_SLOTS`; user space maps it.
 #[map]
-static POOL_MRS: Array<PoolMr> = Array::with_max_entries(POOL_MR_SLOTS, BPF_F_MMAPABLE as u32);
+static POOL_MRS: Array<PoolMr> = Array::with_max_entries(POOL_MR_SLOTS, BPF_F_MMAPABLE);
 
 /// What the classifier found out about a frame that concerns us.
 pub struct Frame {
@@ -716,12 +716,16 @@ extern "C" fn crc_turn(turn: u64, _cb_ctx: *mut core::ffi::c_void) -> i64 {
         return 1;
     };
     let buf = buf as *mut u8;
-    // SAFETY (both): o is a multiple of 8, masked below SCRATCH - 8, and
-    // map values are 8-byte aligned: one aligned word of this CPU's
-    // scratch.
-    let word = |o: usize| u64::from_le(unsafe { *(buf.add(o & (SCRATCH - 8)) as *const u64) });
-    let xor_word =
-        |o: usize, v: u64| unsafe { *(buf.add(o & (SCRATCH - 8)) as *mut u64) ^= v.to_le() };
+    let word = |o: usize| {
+        // SAFETY: o is a multiple of 8, masked below SCRATCH - 8, and map
+        // values are 8-byte aligned: one aligned word of this CPU's
+        // scratch.
+        u64::from_le(unsafe { *(buf.add(o & (SCRATCH - 8)) as *const u64) })
+    };
+    let xor_word = |o: usize, v: u64| {
+        // SAFETY: as in `word`.
+        unsafe { *(buf.add(o & (SCRATCH - 8)) as *mut u64) ^= v.to_le() }
+    };
     let fold = w.fold as usize;
     let first = turn as usize * FOLD_TURN;
     if first < fold {
