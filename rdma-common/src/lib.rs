@@ -710,12 +710,12 @@ pub mod stat {
     ];
 }
 
-pub mod fastpath;
+pub mod xdp_responder;
 
-/// The MR pool (issue 20): memory the XDP program may place RDMA WRITE
-/// payloads into. One `BPF_F_MMAPABLE` array map of one value, mapped by
-/// user space with `MAP_SHARED`; MRs registered "in the pool" are ranges
-/// of that value.
+/// The MR pool: memory the XDP responder places RDMA WRITE payloads
+/// into, does atomics on and answers READs from. One `BPF_F_MMAPABLE`
+/// array map of one value, mapped by user space with `MAP_SHARED`; MRs
+/// registered "in the pool" are ranges of that value.
 pub mod mr_pool {
     /// Usable bytes. A power of two, so that XDP can mask an offset into
     /// it: the verifier only accepts a variable offset into a map value it
@@ -771,7 +771,7 @@ unsafe impl aya::Pod for LiveQp {}
 unsafe impl aya::Pod for XdpConfig {}
 // SAFETY: as for LiveQp (bytemuck's Pod derive: repr(C), no padding).
 #[cfg(feature = "user")]
-unsafe impl aya::Pod for fastpath::PoolMr {}
+unsafe impl aya::Pod for xdp_responder::PoolMr {}
 
 #[cfg(test)]
 mod tests {

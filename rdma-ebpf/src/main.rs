@@ -18,7 +18,7 @@
 
 use core::mem::size_of;
 
-mod fast;
+mod xdp_responder;
 
 use aya_ebpf::{
     bindings::{xdp_action, BPF_F_MMAPABLE},
@@ -50,17 +50,16 @@ static CONFIG: Array<XdpConfig> = Array::with_max_entries(1, 0);
 /// The MR pool: registered memory this program may place payloads into.
 /// User space maps the one value `MAP_SHARED` and registers MRs inside it.
 #[map]
-static MR_POOL: Array<[u8; mr_pool::VALUE_BYTES]> =
-    Array::with_max_entries(1, BPF_F_MMAPABLE as u32);
+static MR_POOL: Array<[u8; mr_pool::VALUE_BYTES]> = Array::with_max_entries(1, BPF_F_MMAPABLE);
 
 #[xdp(frags)]
 pub fn rdma_xdp(ctx: XdpContext) -> u32 {
     let (verdict, reason) = classify(&ctx);
     count(reason);
     if stat::is_drop(reason) {
-        // Off the fast path: only bad frames log, and only at debug level.
-        // (Not what the XDP responder served: it logged every placed
-        // WRITE, a ring buffer record per packet.)
+        // Only drops log, and only at debug level: logging the frames the
+        // XDP responder serves or redirects would write a ring buffer
+        // record per packet.
         debug!(&ctx, "drop reason {}", reason);
     }
     verdict
@@ -217,7 +216,7 @@ fn classify(ctx: &XdpContext) -> (u32, u32) {
     }
 
     // The XDP responder: WRITEs to QPs lent to it never leave the kernel.
-    let frame = fast::Frame {
+    let frame = xdp_responder::Frame {
         l3,
         ipv4,
         ip_options,
@@ -230,7 +229,7 @@ fn classify(ctx: &XdpContext) -> (u32, u32) {
         ce: ecn == 3,
         flags,
     };
-    if let Some(v) = fast::try_serve(ctx, bth, &frame) {
+    if let Some(v) = xdp_responder::try_serve(ctx, bth, &frame) {
         return v;
     }
 

@@ -1,6 +1,6 @@
-//! The XDP responder's decisions (`rdma_common::fastpath`, which the XDP
-//! program runs) against the engine's, on the same packet sequences
-//! (issue 20, "exactly the same answers"):
+//! The XDP responder's decisions (`rdma_common::xdp_responder`, which the
+//! XDP program runs) against the engine's, on the same packet sequences;
+//! they must give exactly the same answers:
 //!
 //! - where XDP would place a packet, the engine places the same bytes at
 //!   the same place, its state moves the same way, and the ACK XDP builds
@@ -22,10 +22,10 @@ mod bench;
 mod sim;
 
 use bench::*;
-use rdma_common::fastpath::{
+use rdma_common::mr_pool;
+use rdma_common::xdp_responder::{
     self, punt, AtomicReq, PoolMr, ReadReq, RespBuf, RespState, WriteReq, RD_ATOMIC_RES,
 };
-use rdma_common::mr_pool;
 use rdma_user::device::datapath::{ack_template, snapshot_of};
 use rdma_user::transport::*;
 use rdma_user::wire::*;
@@ -36,7 +36,7 @@ fn lend(b: &Bench) -> Option<RespState> {
     let s = b.n.qp.lendable_responder()?;
     let c = b.n.qp.responder_consts();
     let (ack, ack_len, l3, ipv4) = ack_template(&b.n.net, &b.n.qp)?;
-    let ack = fastpath::place_ack_template(&ack[..ack_len], l3)?;
+    let ack = xdp_responder::place_ack_template(&ack[..ack_len], l3)?;
     let mut st = RespState {
         qpn: B_QPN,
         epsn: s.epsn,
@@ -235,7 +235,7 @@ impl Gen {
 
 /// What XDP would do with a request.
 enum Verdict {
-    Write(fastpath::Place),
+    Write(xdp_responder::Place),
     /// The atomic's pool offset.
     Atomic(u64),
     /// The pool offset of the READ's first byte.
@@ -308,7 +308,7 @@ fn xdp_decisions_and_acks_equal_the_engines() {
                 dma_len: req.reth.map_or(0, |r| r.2),
                 plen: req.payload.len() as u32,
             };
-            let ar = fastpath::is_fast_atomic(req.opcode).then(|| {
+            let ar = xdp_responder::is_served_atomic(req.opcode).then(|| {
                 let (va, rkey, swap_add, compare) = req.atomic.unwrap_or_default();
                 AtomicReq {
                     opcode: req.opcode,
@@ -331,9 +331,9 @@ fn xdp_decisions_and_acks_equal_the_engines() {
                 plen: wr.plen,
             };
             let verdict = st.as_ref().map(|st| match &ar {
-                Some(a) => fastpath::fast_atomic(st, a, Some(&mr)).map(Verdict::Atomic),
-                None if is_read => fastpath::fast_read(st, &rr, Some(&mr)).map(Verdict::Read),
-                None => fastpath::fast_write(st, &wr, Some(&mr)).map(Verdict::Write),
+                Some(a) => xdp_responder::check_atomic(st, a, Some(&mr)).map(Verdict::Atomic),
+                None if is_read => xdp_responder::check_read(st, &rr, Some(&mr)).map(Verdict::Read),
+                None => xdp_responder::check_write(st, &wr, Some(&mr)).map(Verdict::Write),
             });
             let before = b.n.qp.stats();
             let mem_before = b.n.mr().to_vec();
@@ -376,19 +376,19 @@ fn xdp_decisions_and_acks_equal_the_engines() {
                     let old = u64::from_ne_bytes(mem_before[at..at + 8].try_into().unwrap());
                     let mut expect = mem_before;
                     expect[at..at + 8]
-                        .copy_from_slice(&fastpath::atomic_result(&a, old).to_ne_bytes());
+                        .copy_from_slice(&xdp_responder::atomic_result(&a, old).to_ne_bytes());
                     assert_eq!(expect, b.n.mr(), "seed {seed}: atomic result differs");
-                    fastpath::commit_atomic(&mut st, &a, old);
+                    xdp_responder::commit_atomic(&mut st, &a, old);
                     assert_eq!(
                         b.n.qp.lendable_responder(),
                         Some(snapshot(&st)),
                         "seed {seed}: state differs"
                     );
                     let mut out = RespBuf::default();
-                    let n = fastpath::build_resp(&mut st, a.psn, Some(old), &mut out);
+                    let n = xdp_responder::build_resp(&mut st, a.psn, Some(old), &mut out);
                     assert_eq!(frames.len(), 1, "seed {seed}");
                     assert_eq!(
-                        fastpath::resp_frame(&st, &out, n),
+                        xdp_responder::resp_frame(&st, &out, n),
                         &frames[0][..],
                         "seed {seed}: atomic ACK bytes differ"
                     );
@@ -397,7 +397,7 @@ fn xdp_decisions_and_acks_equal_the_engines() {
                     reads += 1;
                     assert_eq!(after.errors, before.errors, "seed {seed}");
                     assert_eq!(mem_before, b.n.mr(), "seed {seed}: a READ wrote");
-                    fastpath::commit_read(&mut st, &rr);
+                    xdp_responder::commit_read(&mut st, &rr);
                     assert_eq!(
                         b.n.qp.lendable_responder(),
                         Some(snapshot(&st)),
@@ -406,20 +406,22 @@ fn xdp_decisions_and_acks_equal_the_engines() {
                     // The frame XDP writes: the headers, the pool's bytes,
                     // the pad, then the ICRC it computes over them.
                     let mut out = RespBuf::default();
-                    let head = fastpath::build_read_head(&mut st, rr.psn, rr.dma_len, &mut out);
+                    let head =
+                        xdp_responder::build_read_head(&mut st, rr.psn, rr.dma_len, &mut out);
                     assert!(head > 0);
-                    let mut want = fastpath::resp_frame(&st, &out, head).to_vec();
+                    let mut want = xdp_responder::resp_frame(&st, &out, head).to_vec();
                     if rr.dma_len > 0 {
                         let at = (off - mr.pool_off) as usize;
                         want.extend_from_slice(&mem_before[at..at + rr.dma_len as usize]);
                     }
-                    want.resize(want.len() + fastpath::pad_for(rr.dma_len) as usize, 0);
+                    want.resize(want.len() + xdp_responder::pad_for(rr.dma_len) as usize, 0);
                     let l3 = st.ack_l3 as usize;
                     let crc = icrc(&want[l3..]).unwrap();
                     want.extend_from_slice(&crc.to_le_bytes());
                     assert_eq!(
                         want.len(),
-                        st.ack_len as usize + (rr.dma_len + fastpath::pad_for(rr.dma_len)) as usize,
+                        st.ack_len as usize
+                            + (rr.dma_len + xdp_responder::pad_for(rr.dma_len)) as usize,
                         "seed {seed}: the length XDP grows the frame to"
                     );
                     assert_eq!(frames.len(), 1, "seed {seed}");
@@ -436,7 +438,7 @@ fn xdp_decisions_and_acks_equal_the_engines() {
                         expect[at..at + p.len as usize].copy_from_slice(&req.payload);
                     }
                     assert_eq!(expect, b.n.mr(), "seed {seed}: placement differs");
-                    fastpath::commit(&mut st, &wr, &p);
+                    xdp_responder::commit(&mut st, &wr, &p);
                     assert_eq!(
                         b.n.qp.lendable_responder(),
                         Some(snapshot(&st)),
@@ -445,10 +447,10 @@ fn xdp_decisions_and_acks_equal_the_engines() {
                     if p.ack {
                         acks += 1;
                         let mut out = RespBuf::default();
-                        let n = fastpath::build_ack(&mut st, wr.psn, &mut out);
+                        let n = xdp_responder::build_ack(&mut st, wr.psn, &mut out);
                         assert_eq!(frames.len(), 1, "seed {seed}");
                         assert_eq!(
-                            fastpath::resp_frame(&st, &out, n),
+                            xdp_responder::resp_frame(&st, &out, n),
                             &frames[0][..],
                             "seed {seed}: ACK bytes differ"
                         );
@@ -553,7 +555,7 @@ fn atomics_xdp_executed_are_replayed_after_the_take_back() {
     // XDP executes three FETCH_ADDs (played here without touching the
     // memory, so that a second execution would show), finding 7, 8, 9.
     for (k, orig) in [7u64, 8, 9].into_iter().enumerate() {
-        fastpath::commit_atomic(&mut st, &fetch_add(peer_psn + k as u32), orig);
+        xdp_responder::commit_atomic(&mut st, &fetch_add(peer_psn + k as u32), orig);
     }
     // The take-back, as the data path does it.
     let snap = snapshot_of(&st);
@@ -612,8 +614,8 @@ fn reads_xdp_answered_are_executed_again_after_the_take_back() {
     };
     // XDP answers a READ, executes a FETCH_ADD (finding 5), answers
     // another READ.
-    fastpath::commit_read(&mut st, &read(peer_psn, 16));
-    fastpath::commit_atomic(
+    xdp_responder::commit_read(&mut st, &read(peer_psn, 16));
+    xdp_responder::commit_atomic(
         &mut st,
         &AtomicReq {
             opcode: opcode::RC_FETCH_ADD,
@@ -627,7 +629,7 @@ fn reads_xdp_answered_are_executed_again_after_the_take_back() {
         },
         5,
     );
-    fastpath::commit_read(&mut st, &read(peer_psn + 2, 24));
+    xdp_responder::commit_read(&mut st, &read(peer_psn + 2, 24));
     assert_eq!((st.reads, st.read_bytes, st.atomics), (2, 40, 1));
     let snap = snapshot_of(&st);
     assert_eq!(snap.n_res, 3);
@@ -686,13 +688,13 @@ fn writable_qp() -> RespState {
         pkey: 0xffff,
         mtu: 4096,
         pd: 1,
-        qp_access: fastpath::ACCESS_REMOTE_WRITE,
+        qp_access: xdp_responder::ACCESS_REMOTE_WRITE,
         ..Default::default()
     }
 }
 
 /// The verifier proves a placement stays inside the pool from the masks
-/// alone; they must never change a value that passed `fast_write`.
+/// alone; they must never change a value that passed `check_write`.
 #[test]
 fn pool_masks_change_nothing_that_passed_the_checks() {
     let mut rng = Rng(42);
@@ -702,7 +704,7 @@ fn pool_masks_change_nothing_that_passed_the_checks() {
         let mr = PoolMr {
             rkey: 7,
             pd: 1,
-            access: fastpath::ACCESS_REMOTE_WRITE,
+            access: xdp_responder::ACCESS_REMOTE_WRITE,
             valid: 1,
             iova: rng.next_u64() >> 1,
             len,
@@ -721,7 +723,7 @@ fn pool_masks_change_nothing_that_passed_the_checks() {
             dma_len: plen,
             plen,
         };
-        if let Ok(p) = fastpath::fast_write(&st, &wr, Some(&mr)) {
+        if let Ok(p) = xdp_responder::check_write(&st, &wr, Some(&mr)) {
             if p.len > 0 {
                 // Inside the MR, the MR inside the pool.
                 assert!(p.pool_off >= pool_off && p.pool_off + p.len as u64 <= pool_off + len);
@@ -735,7 +737,7 @@ fn pool_masks_change_nothing_that_passed_the_checks() {
     let mr = PoolMr {
         rkey: 7,
         pd: 1,
-        access: fastpath::ACCESS_REMOTE_WRITE,
+        access: xdp_responder::ACCESS_REMOTE_WRITE,
         valid: 1,
         iova: 0,
         len: 8192,
@@ -752,7 +754,7 @@ fn pool_masks_change_nothing_that_passed_the_checks() {
         ..Default::default()
     };
     assert_eq!(
-        fastpath::fast_write(&st, &wr, Some(&mr)),
+        xdp_responder::check_write(&st, &wr, Some(&mr)),
         Err(punt::NOT_POOL)
     );
 }
@@ -767,10 +769,10 @@ fn shared_crc_and_masks_match_the_wire_icrc() {
     let mut h = crc32fast::Hasher::new();
     h.update(&data);
     let want = h.finalize();
-    assert_eq!(!fastpath::crc_update(!0, &data), want);
+    assert_eq!(!xdp_responder::crc_update(!0, &data), want);
     let mut c = !0u32;
     for ch in data.chunks(8) {
-        c = fastpath::crc_u64(c, u64::from_le_bytes(ch.try_into().unwrap()));
+        c = xdp_responder::crc_u64(c, u64::from_le_bytes(ch.try_into().unwrap()));
     }
     assert_eq!(!c, want);
     // A WRITE frame the engine emits: the masked prefix plus the rest.
@@ -789,7 +791,7 @@ fn shared_crc_and_masks_match_the_wire_icrc() {
     let mut crc = !0u32;
     for i in 0..(f.len() - l3 - 4 + 8) {
         let byte = if i < 8 { 0xff } else { f[l3 + i - 8] };
-        crc = fastpath::crc_byte(crc, fastpath::icrc_prefix_byte(i, byte, true));
+        crc = xdp_responder::crc_byte(crc, xdp_responder::icrc_prefix_byte(i, byte, true));
     }
     assert_eq!(
         !crc,
@@ -829,14 +831,14 @@ fn folded_icrc_matches_the_captured_frames() {
             s.extend_from_slice(&d[l3..end - 4]);
             s.resize(s.len().max(72), 0);
             for w in 0..8 {
-                let m = fastpath::ICRC_MASK64[((ipv4 as usize) << 4) | w].to_le_bytes();
+                let m = xdp_responder::ICRC_MASK64[((ipv4 as usize) << 4) | w].to_le_bytes();
                 for (b, m) in s[8 + w * 8..16 + w * 8].iter_mut().zip(m) {
                     *b |= m;
                 }
             }
             let n = 8 + end - 4 - l3;
             let want = u32::from_le_bytes(d[end - 4..end].try_into().unwrap());
-            assert_eq!(!fastpath::crc_folded(!0, &s[..n]), want, "{name}");
+            assert_eq!(!xdp_responder::crc_folded(!0, &s[..n]), want, "{name}");
             seen[ipv4 as usize] += 1;
         }
     }

@@ -179,8 +179,8 @@ pub fn run(opts: UpOptions) -> Result<()> {
     let mut xdp = XdpProgram::attach(&iface, opts.xdp_mode)?;
     xdp.set_firewall(opts.firewall)?;
     // The XDP responder's maps and the MR pool, shared by the data paths.
-    let fast = match xdp.map_fast() {
-        Ok(m) => Some(crate::device::datapath::Fast::new(m, &iface)),
+    let xdp_responder = match xdp.map_xdp_responder() {
+        Ok(m) => Some(crate::device::datapath::XdpResponder::new(m, &iface)),
         Err(e) => {
             log::warn!("{iface}: no MR pool ({e:#}); `mr reg --pool` will fail");
             None
@@ -238,8 +238,8 @@ pub fn run(opts: UpOptions) -> Result<()> {
     let mut dp_threads = Vec::new();
     for (i, mut dp) in dps.into_iter().enumerate() {
         dp.core.set_cc(opts.cc, &iface);
-        if let Some(f) = &fast {
-            dp.core.set_fast(f.clone());
+        if let Some(r) = &xdp_responder {
+            dp.core.set_xdp_responder(r.clone());
         }
         let (jtx, jrx) = mpsc::channel::<Job>();
         jobs.push(jtx);

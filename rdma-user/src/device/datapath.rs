@@ -30,8 +30,8 @@ use crate::wire::{
 };
 use rdma_common::OpFlags;
 
-mod fast;
-pub use fast::{ack_template, snapshot_of, Fast};
+mod xdp_responder;
+pub use xdp_responder::{ack_template, snapshot_of, XdpResponder};
 
 /// Frames taken from a receive ring per turn.
 const RX_BATCH: u32 = 64;
@@ -179,7 +179,7 @@ struct QpSlot {
     /// message needs it).
     srq: Option<Arc<SrqShared>>,
     /// Its part in the XDP responder.
-    lend: fast::Lend,
+    lend: xdp_responder::Lend,
     /// The engine answered a remote access on it (a WRITE without
     /// immediate, a READ or an atomic from the peer): see
     /// `frames_can_wait_for_polls`.
@@ -388,8 +388,8 @@ pub struct Core {
     /// (index, count): QPNs made here are the ones the data path `index`
     /// of `count` owns (see `shard::owner_of`).
     qpn_class: (u32, u32),
-    /// The XDP responder (issue 20), when the program's maps are mapped.
-    fast: Option<Fast>,
+    /// The XDP responder, when the program's maps are mapped.
+    xdp_responder: Option<XdpResponder>,
     /// MRs taken from the pool here: lkey -> (pool offset, rkey).
     pool_owned: HashMap<u32, (usize, u32)>,
     /// Pool MRs mapped over application pages: lkey -> (address, bytes).
@@ -447,7 +447,7 @@ impl Core {
             async_events: None,
             cc: CcConfig::default(),
             gsi: None,
-            fast: None,
+            xdp_responder: None,
             pool_owned: HashMap::new(),
             overlays: HashMap::new(),
             lend_pending: false,
@@ -1023,15 +1023,15 @@ impl Core {
                     // A request XDP left to us (or one already on its way
                     // when the QP was lent): the engine first takes the
                     // responder's state back.
-                    if let Some(f) = &self.fast {
-                        fast::take_back(f, slot);
+                    if let Some(r) = &self.xdp_responder {
+                        xdp_responder::take_back(r, slot);
                     }
                     self.lend_pending = true;
                 }
             }
             slot.qp
                 .handle_packet(now, &repr.transport, payload, &mut self.mem);
-            Self::settle(self.fast.as_ref(), slot);
+            Self::settle(self.xdp_responder.as_ref(), slot);
         }
         Self::drain_wcs(
             slot,
@@ -1088,7 +1088,7 @@ impl Core {
             if let Some(t) = slot.qp.poll_timeout() {
                 if t <= now {
                     slot.qp.handle_timeout(now);
-                    Self::settle(self.fast.as_ref(), slot);
+                    Self::settle(self.xdp_responder.as_ref(), slot);
                     Self::drain_wcs(
                         slot,
                         &mut self.cqs,
@@ -1343,13 +1343,13 @@ impl Backoff {
             }
             // The hold ran out. If the program has polled since, it still
             // moves its own frames: sleep on, without a turn, and twice as
-            // long (up to INLINE_HOLD_MAX_NS). Waking every 200 us cost
-            // unmodified ib_send_lat dearly: 14 432 context switches in a
-            // 50 000-iteration run against 2 353 now, and alternated runs
-            // against a hold that never ends gave 0.74 and 0.85 of the
-            // latency. Posts and control calls ring the doorbell (still
-            // told that we sleep), so none goes unseen; the stop flag is
-            // looked at every MAX_WAIT at the latest.
+            // long (up to INLINE_HOLD_MAX_NS). Waking every 200 us instead
+            // costs unmodified ib_send_lat dearly: 14 432 context switches
+            // in a 50 000-iteration run against 2 353 with this sleep, and
+            // alternated runs against a hold that never ends gave 0.74 and
+            // 0.85 of the latency. Posts and control calls ring the
+            // doorbell (still told that we sleep), so none goes unseen; the
+            // stop flag is looked at every MAX_WAIT at the latest.
             let now = clock();
             let polled_since = doorbell.inline_hold_until(hold).is_some_and(|t| t > now);
             if !polled_since

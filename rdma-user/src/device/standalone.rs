@@ -77,10 +77,10 @@ impl Standalone {
         let mut dp = DataPath::new(xsks, Limits::default());
         // The XDP responder serves pool MRs (`Core::reg_mr_pool`); without
         // its maps everything takes the user path.
-        match xdp.map_fast() {
+        match xdp.map_xdp_responder() {
             Ok(m) => dp
                 .core
-                .set_fast(crate::device::datapath::Fast::new(m, iface)),
+                .set_xdp_responder(crate::device::datapath::XdpResponder::new(m, iface)),
             Err(e) => log::debug!("{iface}: no XDP responder ({e:#})"),
         }
         Ok(Standalone {

@@ -185,14 +185,14 @@ impl XdpProgram {
 
     /// Maps the XDP responder's two arrays, `RESP_STATE` and `POOL_MRS`,
     /// and the MR pool.
-    pub fn map_fast(&self) -> Result<FastMaps> {
+    pub fn map_xdp_responder(&self) -> Result<XdpResponderMaps> {
         let arr = |name: &str| -> Result<ArrayMapping> {
             let Some(Map::Array(data)) = self.ebpf.map(name) else {
                 bail!("{name} map missing from the XDP object");
             };
             ArrayMapping::new(data)
         };
-        Ok(FastMaps {
+        Ok(XdpResponderMaps {
             pool: self.map_pool()?,
             states: arr("RESP_STATE")?,
             mrs: arr("POOL_MRS")?,
@@ -346,7 +346,7 @@ impl Drop for PoolMapping {
 }
 
 /// The XDP responder's maps, mapped into this process.
-pub struct FastMaps {
+pub struct XdpResponderMaps {
     pub pool: PoolMapping,
     /// `RESP_STATE`: one `RespState` per slot.
     pub states: ArrayMapping,
@@ -354,14 +354,14 @@ pub struct FastMaps {
     pub mrs: ArrayMapping,
 }
 
-impl FastMaps {
+impl XdpResponderMaps {
     /// Slot `i` of `RESP_STATE`.
-    pub fn state(&self, i: u32) -> *mut rdma_common::fastpath::RespState {
+    pub fn state(&self, i: u32) -> *mut rdma_common::xdp_responder::RespState {
         self.states.slot(i)
     }
 
     /// Slot `i` of `POOL_MRS`.
-    pub fn mr(&self, i: u32) -> *mut rdma_common::fastpath::PoolMr {
+    pub fn mr(&self, i: u32) -> *mut rdma_common::xdp_responder::PoolMr {
         self.mrs.slot(i)
     }
 }

@@ -105,7 +105,7 @@ pub struct ServerReport {
     pub xdp_acks: u64,
     #[serde(default)]
     pub xdp_punts: u64,
-    /// The punts by reason (`rdma_common::fastpath::punt::NAMES`).
+    /// The punts by reason (`rdma_common::xdp_responder::punt::NAMES`).
     #[serde(default)]
     pub xdp_punt_reasons: std::collections::BTreeMap<String, u64>,
     /// Each AF_XDP socket's rings at the end, and whether its transmit

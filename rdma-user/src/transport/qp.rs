@@ -413,7 +413,7 @@ impl Default for QpCap {
 }
 
 // P_Key matching (IBA 10.9.3), shared with the XDP responder.
-pub use rdma_common::fastpath::pkey_matches;
+pub use rdma_common::xdp_responder::pkey_matches;
 
 fn mtu_ok(m: u32) -> bool {
     matches!(m, 256 | 512 | 1024 | 2048 | 4096)

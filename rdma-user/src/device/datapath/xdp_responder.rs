@@ -1,4 +1,4 @@
-//! The user-space half of the XDP responder (issue 20).
+//! The user-space half of the XDP responder.
 //!
 //! - **Pool MRs.** `reg_mr_pool` takes a range of the MR pool (the XDP
 //!   program's `MR_POOL` map) and describes it to XDP in `POOL_MRS`.
@@ -23,13 +23,13 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use rdma_common::fastpath::{
+use rdma_common::xdp_responder::{
     owner, PoolMr, RespState, ACK_TMPL_LEN, POOL_MR_SLOTS, RD_ATOMIC_RES, RESP_SLOTS,
 };
 
 use super::{Core, QpSlot};
 use crate::device::error::DeviceError;
-use crate::io::xdp::FastMaps;
+use crate::io::xdp::XdpResponderMaps;
 use crate::memory::{Access, Backing, PagePool};
 use crate::transport::{QpState, QpType, RespSnapshot};
 use crate::wire::{opcode, syndrome, AethRepr, BthRepr, IpRepr, RoceRepr, TransportRepr, ICRC_LEN};
@@ -39,8 +39,8 @@ type Result<T> = std::result::Result<T, DeviceError>;
 /// The XDP responder's maps and the pool's free pages, shared by the data
 /// paths of one interface.
 #[derive(Clone)]
-pub struct Fast {
-    pub maps: Arc<FastMaps>,
+pub struct XdpResponder {
+    pub maps: Arc<XdpResponderMaps>,
     pub pages: Arc<Mutex<PagePool>>,
     /// Pool MRs registered: with none, XDP could serve nothing, and no QP
     /// is lent.
@@ -52,10 +52,10 @@ pub struct Fast {
     tx_problem: Arc<Mutex<Option<String>>>,
 }
 
-impl Fast {
-    pub fn new(maps: FastMaps, iface: &str) -> Fast {
+impl XdpResponder {
+    pub fn new(maps: XdpResponderMaps, iface: &str) -> XdpResponder {
         let usable = maps.pool.usable();
-        Fast {
+        XdpResponder {
             maps: Arc::new(maps),
             pages: Arc::new(Mutex::new(PagePool::new(
                 usable,
@@ -137,8 +137,8 @@ impl Lend {
 
 impl Core {
     /// Lets this device's QPs use the XDP responder.
-    pub fn set_fast(&mut self, fast: Fast) {
-        self.fast = Some(fast);
+    pub fn set_xdp_responder(&mut self, xdp_responder: XdpResponder) {
+        self.xdp_responder = Some(xdp_responder);
     }
 
     /// Registers `len` bytes of the MR pool: memory the XDP program can
@@ -150,8 +150,8 @@ impl Core {
         len: usize,
         access: Access,
     ) -> Result<(u64, u32, u32, usize)> {
-        let fast = self
-            .fast
+        let xdp_responder = self
+            .xdp_responder
             .clone()
             .ok_or_else(|| DeviceError::NoPool("the XDP responder is not set up".into()))?;
         if len == 0 || len > self.limits.max_mr_len {
@@ -160,13 +160,13 @@ impl Core {
                 max: self.limits.max_mr_len,
             });
         }
-        let off = fast
+        let off = xdp_responder
             .pages
             .lock()
             .expect("pool lock")
             .alloc(len)
             .map_err(DeviceError::PoolFull)?;
-        let ptr = fast.maps.pool.as_ptr().wrapping_add(off);
+        let ptr = xdp_responder.maps.pool.as_ptr().wrapping_add(off);
         // SAFETY: the allocator handed out off..off+len (whole pages of the
         // usable part); nothing else uses it.
         unsafe { std::ptr::write_bytes(ptr, 0, len) };
@@ -177,11 +177,11 @@ impl Core {
         {
             Ok(k) => k,
             Err(e) => {
-                fast.pages.lock().expect("pool lock").free(off);
+                xdp_responder.pages.lock().expect("pool lock").free(off);
                 return Err(e.into());
             }
         };
-        self.publish_pool_mr(&fast, (lkey, rkey), pd, access, (addr, len), off);
+        self.publish_pool_mr(&xdp_responder, (lkey, rkey), pd, access, (addr, len), off);
         Ok((addr, lkey, rkey, off))
     }
 
@@ -205,7 +205,7 @@ impl Core {
         iova: u64,
         access: Access,
     ) -> Option<Result<(u32, u32)>> {
-        let fast = self.fast.clone()?;
+        let xdp_responder = self.xdp_responder.clone()?;
         let page = rdma_common::mr_pool::PAGE;
         if len == 0 || len > self.limits.max_mr_len || !(ptr as usize).is_multiple_of(page) {
             return None;
@@ -221,17 +221,22 @@ impl Core {
         if !private_anon_rw(ptr as usize, ptr as usize + span) {
             return None;
         }
-        let off = fast.pages.lock().expect("pool lock").alloc(span).ok()?;
-        let dst = fast.maps.pool.as_ptr().wrapping_add(off);
+        let off = xdp_responder
+            .pages
+            .lock()
+            .expect("pool lock")
+            .alloc(span)
+            .ok()?;
+        let dst = xdp_responder.maps.pool.as_ptr().wrapping_add(off);
         // SAFETY: the caller's pages (readable) into a pool range the
         // allocator just gave us; then the range over the pages.
         let mapped = unsafe {
             std::ptr::copy_nonoverlapping(ptr, dst, span);
-            fast.maps.pool.map_over(ptr, off, span)
+            xdp_responder.maps.pool.map_over(ptr, off, span)
         };
         if let Err(e) = mapped {
             log::debug!("MR pool overlay at {ptr:p}: {e}");
-            fast.pages.lock().expect("pool lock").free(off);
+            xdp_responder.pages.lock().expect("pool lock").free(off);
             return None;
         }
         let keys = match self
@@ -242,11 +247,11 @@ impl Core {
             Err(e) => {
                 // SAFETY: our overlay of the caller's pages, undone.
                 unsafe { unmap_overlay(ptr, dst, span) };
-                fast.pages.lock().expect("pool lock").free(off);
+                xdp_responder.pages.lock().expect("pool lock").free(off);
                 return Some(Err(e.into()));
             }
         };
-        self.publish_pool_mr(&fast, keys, pd, access, (iova, len), off);
+        self.publish_pool_mr(&xdp_responder, keys, pd, access, (iova, len), off);
         self.overlays.insert(keys.0, (ptr as usize, span));
         fork_copies::add(ptr as usize, dst as usize, span);
         Some(Ok(keys))
@@ -258,14 +263,14 @@ impl Core {
     /// user path.
     fn publish_pool_mr(
         &mut self,
-        fast: &Fast,
+        xdp_responder: &XdpResponder,
         (lkey, rkey): (u32, u32),
         pd: u32,
         access: Access,
         (iova, len): (u64, usize),
         off: usize,
     ) {
-        let e = fast.maps.mr(rkey % POOL_MR_SLOTS);
+        let e = xdp_responder.maps.mr(rkey % POOL_MR_SLOTS);
         // SAFETY: a slot of the POOL_MRS mapping; XDP only reads it.
         unsafe {
             if (*e).valid == 0 {
@@ -281,7 +286,7 @@ impl Core {
             }
         }
         self.pool_owned.insert(lkey, (off, rkey));
-        fast.live.fetch_add(1, Ordering::Relaxed);
+        xdp_responder.live.fetch_add(1, Ordering::Relaxed);
         self.lend_pending = true;
     }
 
@@ -296,10 +301,10 @@ impl Core {
         let Some((off, rkey)) = self.pool_owned.remove(&lkey) else {
             return;
         };
-        let Some(fast) = self.fast.clone() else {
+        let Some(xdp_responder) = self.xdp_responder.clone() else {
             return;
         };
-        let e = fast.maps.mr(rkey % POOL_MR_SLOTS);
+        let e = xdp_responder.maps.mr(rkey % POOL_MR_SLOTS);
         // SAFETY: a slot of the POOL_MRS mapping.
         unsafe {
             if (*e).valid != 0 && (*e).rkey == rkey {
@@ -311,30 +316,30 @@ impl Core {
         // into the range is under way, on any data path's QPs.
         std::sync::atomic::fence(Ordering::SeqCst);
         for i in 0..RESP_SLOTS {
-            while fast.owner(i).load(Ordering::SeqCst) == owner::BUSY {
+            while xdp_responder.owner(i).load(Ordering::SeqCst) == owner::BUSY {
                 std::hint::spin_loop();
             }
         }
-        fast.live.fetch_sub(1, Ordering::Relaxed);
+        xdp_responder.live.fetch_sub(1, Ordering::Relaxed);
         if let Some((at, span)) = self.overlays.remove(&lkey) {
             fork_copies::remove(at);
             // SAFETY: our overlay (reg_mr_overlay), no longer placed into.
             unsafe {
                 unmap_overlay(
                     at as *mut u8,
-                    fast.maps.pool.as_ptr().wrapping_add(off),
+                    xdp_responder.maps.pool.as_ptr().wrapping_add(off),
                     span,
                 )
             };
         }
-        fast.pages.lock().expect("pool lock").free(off);
+        xdp_responder.pages.lock().expect("pool lock").free(off);
     }
 
     /// After an RC QP connected: its slot in `RESP_STATE`, with the QP's
     /// constants and its ACK frame. (Another QP in the same slot keeps it;
     /// this one then stays on the user path.)
     pub(super) fn claim_resp_slot(&mut self, qpn: u32) {
-        let Some(fast) = self.fast.clone() else {
+        let Some(xdp_responder) = self.xdp_responder.clone() else {
             return;
         };
         let Some(slot) = self.qps.get_mut(&qpn) else {
@@ -349,14 +354,14 @@ impl Core {
         let Some((ack, ack_len, l3, ipv4)) = ack_template(net, &slot.qp) else {
             return;
         };
-        let Some(ack) = rdma_common::fastpath::place_ack_template(&ack[..ack_len], l3) else {
+        let Some(ack) = rdma_common::xdp_responder::place_ack_template(&ack[..ack_len], l3) else {
             return;
         };
-        if !fast.xdp_tx_reaches_peer() {
+        if !xdp_responder.xdp_tx_reaches_peer() {
             return;
         }
         let i = qpn % RESP_SLOTS;
-        let st = fast.state(i);
+        let st = xdp_responder.state(i);
         // SAFETY: the slot's `qpn` field, 4-byte aligned; claimed by
         // compare-and-exchange so that two data paths never share a slot.
         let claim = unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*st).qpn)) };
@@ -396,21 +401,23 @@ impl Core {
 
     /// Gives the slot of a QP that goes away back.
     pub(super) fn free_resp_slot(&mut self, slot: &mut QpSlot) {
-        let Some(fast) = self.fast.clone() else {
+        let Some(xdp_responder) = self.xdp_responder.clone() else {
             return;
         };
-        take_back(&fast, slot);
+        take_back(&xdp_responder, slot);
         if let Some(i) = slot.lend.slot.take() {
             // SAFETY: owner USER (taken back above): ours to clear.
-            unsafe { (*fast.state(i)).qpn = 0 };
+            unsafe { (*xdp_responder.state(i)).qpn = 0 };
         }
     }
 
     /// Takes QP `qpn`'s responder state back from XDP, if lent.
     pub(super) fn take_back_qp(&mut self, qpn: u32) {
-        if let (Some(fast), Some(slot)) = (self.fast.as_ref(), self.qps.get_mut(&qpn)) {
+        if let (Some(xdp_responder), Some(slot)) =
+            (self.xdp_responder.as_ref(), self.qps.get_mut(&qpn))
+        {
             if slot.lend.lent {
-                take_back(fast, slot);
+                take_back(xdp_responder, slot);
                 self.lend_pending = true;
             }
         }
@@ -447,10 +454,10 @@ impl Core {
         // Borrowed, not cloned: this runs on every turn of the data path
         // (five reference counts up and down, measured at 12 % of an idle
         // polling loop's time).
-        let Some(fast) = self.fast.as_ref() else {
+        let Some(xdp_responder) = self.xdp_responder.as_ref() else {
             return;
         };
-        if fast.live.load(Ordering::Relaxed) == 0 {
+        if xdp_responder.live.load(Ordering::Relaxed) == 0 {
             return;
         }
         self.lend_pending = false;
@@ -469,7 +476,7 @@ impl Core {
                 self.lend_pending = true;
                 continue;
             };
-            let st = fast.state(i);
+            let st = xdp_responder.state(i);
             // SAFETY: owner USER: the slot is ours until the exchange below.
             unsafe {
                 let st = &mut *st;
@@ -499,7 +506,7 @@ impl Core {
                     st.ip_id = ip.id as u32;
                 }
             }
-            fast.owner(i).swap(owner::XDP, Ordering::SeqCst);
+            xdp_responder.owner(i).swap(owner::XDP, Ordering::SeqCst);
             slot.lend.lent = true;
             slot.lend.lends += 1;
         }
@@ -507,10 +514,10 @@ impl Core {
 
     /// After the engine ran for a lent QP (a response it took, a timer):
     /// a QP that left RTR/RTS comes back from XDP.
-    pub(super) fn settle(fast: Option<&Fast>, slot: &mut QpSlot) {
-        if let Some(fast) = fast {
+    pub(super) fn settle(xdp_responder: Option<&XdpResponder>, slot: &mut QpSlot) {
+        if let Some(xdp_responder) = xdp_responder {
             if slot.lend.lent && !matches!(slot.qp.state(), QpState::Rtr | QpState::Rts) {
-                take_back(fast, slot);
+                take_back(xdp_responder, slot);
             }
         }
     }
@@ -522,13 +529,13 @@ impl Core {
 
     /// The XDP responder's counters of QP `qpn`, if it has a slot.
     pub fn xdp_responder_stats(&self, qpn: u32) -> Option<serde_json::Value> {
-        let fast = self.fast.as_ref()?;
+        let xdp_responder = self.xdp_responder.as_ref()?;
         let slot = self.qps.get(&qpn)?;
         let i = slot.lend.slot?;
         // SAFETY: counters XDP writes; a racy read shows a slightly old value.
-        let st = unsafe { std::ptr::read_volatile(fast.state(i)) };
+        let st = unsafe { std::ptr::read_volatile(xdp_responder.state(i)) };
         let mut punts = serde_json::Map::new();
-        for (n, v) in rdma_common::fastpath::punt::NAMES.iter().zip(st.punts) {
+        for (n, v) in rdma_common::xdp_responder::punt::NAMES.iter().zip(st.punts) {
             punts.insert((*n).into(), v.into());
         }
         Some(serde_json::json!({
@@ -543,14 +550,14 @@ impl Core {
 
 /// Takes a QP's responder state back from XDP: waits out a packet XDP is
 /// in the middle of, then reads the state into the engine.
-pub(super) fn take_back(fast: &Fast, slot: &mut QpSlot) {
+pub(super) fn take_back(xdp_responder: &XdpResponder, slot: &mut QpSlot) {
     let Some(i) = slot.lend.slot else {
         return;
     };
     if !slot.lend.lent {
         return;
     }
-    let own = fast.owner(i);
+    let own = xdp_responder.owner(i);
     loop {
         match own.compare_exchange(owner::XDP, owner::USER, Ordering::SeqCst, Ordering::SeqCst) {
             Ok(_) | Err(owner::USER) => break,
@@ -559,7 +566,7 @@ pub(super) fn take_back(fast: &Fast, slot: &mut QpSlot) {
         }
     }
     // SAFETY: owner USER: XDP no longer touches the slot.
-    let st = unsafe { &*fast.state(i) };
+    let st = unsafe { &*xdp_responder.state(i) };
     slot.qp.restore_responder(&snapshot_of(st));
     if let Some(RoceRepr {
         ip: IpRepr::V4(ip), ..

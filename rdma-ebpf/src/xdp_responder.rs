@@ -1,13 +1,13 @@
-//! The XDP responder (issue 20): in-order RDMA WRITEs to a QP lent to
-//! XDP, into an MR of the pool, are placed and ACKed here; in-order
-//! atomics on such an MR are done with BPF atomics and answered with the
-//! atomic ACK; in-order READs of one packet from such an MR are answered
-//! with READ_RESPONSE_ONLY when the frame can grow to it. Anything else
-//! goes to user space with the QP handed back.
+//! The XDP responder: in-order RDMA WRITEs to a QP lent to XDP, into an
+//! MR of the pool, are placed and ACKed here; in-order atomics on such an
+//! MR are done with BPF atomics and answered with the atomic ACK;
+//! in-order READs of one packet from such an MR are answered with
+//! READ_RESPONSE_ONLY when the frame can grow to it. Anything else goes
+//! to user space with the QP handed back.
 //!
-//! The decisions are `rdma_common::fastpath`'s (shared with, and tested
-//! against, the engine); this file only reads the frame, copies, and
-//! sends. Ownership of a QP's state is one u32 changed by atomic
+//! The decisions are `rdma_common::xdp_responder`'s (shared with, and
+//! tested against, the engine); this file only reads the frame, copies,
+//! and sends. Ownership of a QP's state is one u32 changed by atomic
 //! compare-and-swap and exchange (fully ordered in BPF), so the state's
 //! other fields are never read or written by two sides at once.
 
@@ -19,22 +19,23 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use rdma_common::{
-    fastpath::{
+    mr_pool, opcode, stat,
+    xdp_responder::{
         self, owner, punt, AtomicReq, PoolMr, ReadReq, RespBuf, RespState, WriteReq, ACK_TMPL_LEN,
         FOLD_GROUP, POOL_MR_SLOTS, RESP_SLOTS,
     },
-    mr_pool, opcode, stat, AtomicEth, Bth, Reth, UdpHdr, ICRC_LEN,
+    AtomicEth, Bth, Reth, UdpHdr, ICRC_LEN,
 };
 
 use crate::{count, ptr_at, MR_POOL};
 
 /// Per-QP responder state, at `qpn % RESP_SLOTS`; user space maps it.
 #[map]
-static RESP_STATE: Array<RespState> = Array::with_max_entries(RESP_SLOTS, BPF_F_MMAPABLE as u32);
+static RESP_STATE: Array<RespState> = Array::with_max_entries(RESP_SLOTS, BPF_F_MMAPABLE);
 
 /// The pool's MRs, at `rkey % POOL_MR_SLOTS`; user space maps it.
 #[map]
-static POOL_MRS: Array<PoolMr> = Array::with_max_entries(POOL_MR_SLOTS, BPF_F_MMAPABLE as u32);
+static POOL_MRS: Array<PoolMr> = Array::with_max_entries(POOL_MR_SLOTS, BPF_F_MMAPABLE);
 
 /// What the classifier found out about a frame that concerns us.
 pub struct Frame {
@@ -155,9 +156,9 @@ fn give(own: *mut u64, to: u64) {
 
 #[inline(always)]
 fn serve(ctx: &XdpContext, st: &mut RespState, bth: &Bth, f: &Frame) -> Result<(u32, u32), usize> {
-    let atomic = fastpath::is_fast_atomic(bth.opcode);
+    let atomic = xdp_responder::is_served_atomic(bth.opcode);
     let read = bth.opcode == opcode::RC_RDMA_READ_REQUEST;
-    if !atomic && !read && !fastpath::is_fast_write(bth.opcode) {
+    if !atomic && !read && !xdp_responder::is_served_write(bth.opcode) {
         return Err(punt::NOT_WRITE);
     }
     if f.ip_options {
@@ -200,10 +201,10 @@ fn serve(ctx: &XdpContext, st: &mut RespState, bth: &Bth, f: &Frame) -> Result<(
         req.dma_len = reth.dma_len();
     }
     req.plen = payload_len(bth, f)?;
-    let rkey = fastpath::write_rkey(st, &req);
+    let rkey = xdp_responder::write_rkey(st, &req);
     let mr = POOL_MRS.get(rkey % POOL_MR_SLOTS);
-    let place = fastpath::fast_write(st, &req, mr)?;
-    if place.ack && !fastpath::ack_template_ok(st) {
+    let place = xdp_responder::check_write(st, &req, mr)?;
+    if place.ack && !xdp_responder::ack_template_ok(st) {
         return Err(punt::TX);
     }
     let len = place.len as usize;
@@ -212,7 +213,7 @@ fn serve(ctx: &XdpContext, st: &mut RespState, bth: &Bth, f: &Frame) -> Result<(
             return Err(punt::TOO_LONG);
         }
         let pool = MR_POOL.get_ptr_mut(0).ok_or(punt::NOT_POOL)? as *mut u8;
-        // The real bounds check was `fast_write`'s (inside the MR, the MR
+        // The real bounds check was `check_write`'s (inside the MR, the MR
         // inside the pool); the mask changes no value that passed it and
         // lets the verifier prove offset + len <= the map value's size.
         let off = (place.pool_off & mr_pool::MASK) as usize;
@@ -223,7 +224,7 @@ fn serve(ctx: &XdpContext, st: &mut RespState, bth: &Bth, f: &Frame) -> Result<(
             return Err(punt::MALFORMED);
         }
     }
-    fastpath::commit(st, &req, &place);
+    xdp_responder::commit(st, &req, &place);
     if !place.ack {
         return Ok((xdp_action::XDP_DROP, stat::XDP_PLACED));
     }
@@ -261,9 +262,9 @@ fn icrc_ok(ctx: &XdpContext, f: &Frame) -> Result<(), usize> {
 }
 
 /// An in-order CMP_SWAP or FETCH_ADD into a pool MR: the engine's checks
-/// (`fastpath::fast_atomic`), the operation as a BPF atomic on the pool's
-/// 8 bytes (atomic against the application's own CPU atomics on them),
-/// and the atomic ACK. The result is kept in the state for replay.
+/// (`xdp_responder::check_atomic`), the operation as a BPF atomic on the
+/// pool's 8 bytes (atomic against the application's own CPU atomics on
+/// them), and the atomic ACK. The result is kept in the state for replay.
 #[inline(always)]
 fn serve_atomic(
     ctx: &XdpContext,
@@ -285,26 +286,26 @@ fn serve_atomic(
         plen: payload_len(bth, f)?,
     };
     let mr = POOL_MRS.get(req.rkey % POOL_MR_SLOTS);
-    let off = fastpath::fast_atomic(st, &req, mr)?;
-    if !fastpath::ack_template_ok(st) {
+    let off = xdp_responder::check_atomic(st, &req, mr)?;
+    if !xdp_responder::ack_template_ok(st) {
         return Err(punt::TX);
     }
     let pool = MR_POOL.get_ptr_mut(0).ok_or(punt::NOT_POOL)? as *mut u8;
-    // `fast_atomic` checked the 8 bytes inside the MR, the MR inside the
+    // `check_atomic` checked the 8 bytes inside the MR, the MR inside the
     // pool, and the offset 8-byte aligned: the masks change no such value
     // and show the verifier an aligned access inside the map value.
     let off = (off & mr_pool::MASK & !7) as usize;
     // SAFETY: off + 8 <= BYTES + SLACK: inside the value, 8-byte aligned
     // (map values are); BPF atomics, as the application's CPU atomics.
     let orig = unsafe { atomic_op(pool.add(off) as *mut u64, &req) }.ok_or(punt::CONTENDED)?;
-    fastpath::commit_atomic(st, &req, orig);
+    xdp_responder::commit_atomic(st, &req, orig);
     let v = send_ack(ctx, st, req.psn as u64 | ATOMIC_ACK, orig, f.frame_len);
     Ok(((v >> 32) as u32, v as u32))
 }
 
 /// An in-order READ of one packet from a pool MR: the engine's checks
-/// (`fastpath::fast_read`), then the frame becomes the READ_RESPONSE_ONLY
-/// (`send_read`), if it can grow to it: the kernel gave the frame some
+/// (`xdp_responder::check_read`), then the frame becomes the
+/// READ_RESPONSE_ONLY (`send_read`), if it can grow to it: the kernel gave the frame some
 /// tailroom, and a response longer than that goes to user space with
 /// nothing changed.
 #[inline(always)]
@@ -326,12 +327,12 @@ fn serve_read(
         plen: payload_len(bth, f)?,
     };
     let mr = POOL_MRS.get(req.rkey % POOL_MR_SLOTS);
-    let off = fastpath::fast_read(st, &req, mr)?;
-    if !fastpath::ack_template_ok(st) {
+    let off = xdp_responder::check_read(st, &req, mr)?;
+    if !xdp_responder::ack_template_ok(st) {
         return Err(punt::TX);
     }
     let len = req.dma_len;
-    let n = st.ack_len as usize + (len + fastpath::pad_for(len)) as usize;
+    let n = st.ack_len as usize + (len + xdp_responder::pad_for(len)) as usize;
     let delta = n as i32 - f.frame_len as i32;
     // SAFETY: the helper only changes the frame the kernel handed us; on
     // failure it changes nothing.
@@ -342,7 +343,7 @@ fn serve_read(
     // response, as the wire could, and the duplicate READ the requester
     // sends is executed again by the engine (the READ is in the
     // resources it takes back).
-    fastpath::commit_read(st, &req);
+    xdp_responder::commit_read(st, &req);
     let v = send_read(ctx, st, req.psn as u64, off, len as u64);
     let (verdict, counter) = ((v >> 32) as u32, v as u32);
     if verdict != xdp_action::XDP_TX {
@@ -381,8 +382,8 @@ fn read_frame(ctx: &XdpContext, st: &mut RespState, psn: u32, off: u64, len: u32
     };
     // SAFETY: this CPU's value (see `ack_frame`).
     let out = unsafe { &mut *out };
-    let head = fastpath::build_read_head(st, psn, len, out);
-    let start = fastpath::frame_start(st);
+    let head = xdp_responder::build_read_head(st, psn, len, out);
+    let start = xdp_responder::frame_start(st);
     let Some(pool) = MR_POOL.get_ptr_mut(0) else {
         st.punts[punt::TX] += 1;
         return lost;
@@ -392,10 +393,10 @@ fn read_frame(ctx: &XdpContext, st: &mut RespState, psn: u32, off: u64, len: u32
         st.punts[punt::TX] += 1;
         return lost;
     }
-    let pad = fastpath::pad_for(len);
+    let pad = xdp_responder::pad_for(len);
     let at = head + len as usize;
     let zeros = [0u8; 4];
-    // The real bounds check was `fast_read`'s; the mask changes no offset
+    // The real bounds check was `check_read`'s; the mask changes no offset
     // that passed it and shows the verifier off + len <= the value's size.
     let off = (off & mr_pool::MASK) as usize;
     // SAFETY: the helpers write only into the frame the kernel handed us
@@ -518,8 +519,8 @@ fn ack_frame(
     // SAFETY: this CPU's value: XDP runs to its end on one CPU, nobody
     // else uses it.
     let out = unsafe { &mut *out };
-    let n = fastpath::build_resp(st, psn, atomic_orig, out);
-    let start = fastpath::frame_start(st);
+    let n = xdp_responder::build_resp(st, psn, atomic_orig, out);
+    let start = xdp_responder::frame_start(st);
     if n == 0 || start + n > ACK_TMPL_LEN || n > frame_len {
         // Checked before placing; an ACK lost here is an ACK lost on the
         // wire: the requester resends and the duplicate is re-ACKed.
@@ -567,8 +568,8 @@ static ICRC_SCRATCH: PerCpuArray<[u8; SCRATCH]> = PerCpuArray::with_max_entries(
 struct CrcWalk {
     /// Bytes of the scratch to hash.
     len: u64,
-    /// Its first words, folded (`fastpath::fold_words`), FOLD_TURN a turn;
-    /// the last turn hashes the rest by table.
+    /// Its first words, folded (`xdp_responder::fold_words`), FOLD_TURN a
+    /// turn; the last turn hashes the rest by table.
     fold: u64,
     crc: u32,
     _pad: u32,
@@ -645,14 +646,14 @@ fn icrc_walk(
     let mut w = 0;
     while w < 8 {
         // SAFETY: word 1 + w < 9 of the scratch.
-        unsafe { *words.add(1 + w) |= u64::from_le(fastpath::ICRC_MASK64[base | w]) };
+        unsafe { *words.add(1 + w) |= u64::from_le(xdp_responder::ICRC_MASK64[base | w]) };
         w += 1;
     }
     let total = 8 + body;
-    // All words but the last five are folded (`fastpath::fold_words`;
+    // All words but the last five are folded (`xdp_responder::fold_words`;
     // there are at least six); the CRC's start value is the first
     // word's pending XOR, and the fold starts from 0.
-    let fold = fastpath::fold_words(total / 8);
+    let fold = xdp_responder::fold_words(total / 8);
     // SAFETY: the scratch's first word.
     unsafe { *words ^= (!0u32 as u64).to_le() };
     let walk = ICRC_WALK.get_ptr_mut(0).ok_or(punt::MALFORMED)?;
@@ -697,12 +698,13 @@ fn icrc_walk(
 }
 
 /// One `bpf_loop` turn over the scratch: the turn's `FOLD_TURN` words
-/// folded forward (`fastpath::fold_step`), five at a time and the last
-/// few one at a time, their pending XORs then written into the five words
-/// after them; or in the last turn those five words and the last bytes,
-/// by table. The pending XORs go through the scratch, not the walk:
-/// loaded from a map they are unknown to the verifier, which otherwise
-/// walked the callback again for each new set of their known bits.
+/// folded forward (`xdp_responder::fold_step`), five at a time and the
+/// last few one at a time, their pending XORs then written into the five
+/// words after them; or in the last turn those five words and the last
+/// bytes, by table. The pending XORs go through the scratch, not the
+/// walk: loaded from a map they are unknown to the verifier, which would
+/// otherwise walk the callback again for each new set of their known
+/// bits.
 #[inline(never)]
 extern "C" fn crc_turn(turn: u64, _cb_ctx: *mut core::ffi::c_void) -> i64 {
     let Some(w) = ICRC_WALK.get_ptr_mut(0) else {
@@ -714,12 +716,16 @@ extern "C" fn crc_turn(turn: u64, _cb_ctx: *mut core::ffi::c_void) -> i64 {
         return 1;
     };
     let buf = buf as *mut u8;
-    // SAFETY (both): o is a multiple of 8, masked below SCRATCH - 8, and
-    // map values are 8-byte aligned: one aligned word of this CPU's
-    // scratch.
-    let word = |o: usize| u64::from_le(unsafe { *(buf.add(o & (SCRATCH - 8)) as *const u64) });
-    let xor_word =
-        |o: usize, v: u64| unsafe { *(buf.add(o & (SCRATCH - 8)) as *mut u64) ^= v.to_le() };
+    let word = |o: usize| {
+        // SAFETY: o is a multiple of 8, masked below SCRATCH - 8, and map
+        // values are 8-byte aligned: one aligned word of this CPU's
+        // scratch.
+        u64::from_le(unsafe { *(buf.add(o & (SCRATCH - 8)) as *const u64) })
+    };
+    let xor_word = |o: usize, v: u64| {
+        // SAFETY: as in `word`.
+        unsafe { *(buf.add(o & (SCRATCH - 8)) as *mut u64) ^= v.to_le() }
+    };
     let fold = w.fold as usize;
     let first = turn as usize * FOLD_TURN;
     if first < fold {
@@ -748,11 +754,11 @@ extern "C" fn crc_turn(turn: u64, _cb_ctx: *mut core::ffi::c_void) -> i64 {
             // The five pending XORs change roles word by word (a is the
             // current word's, then the new fifth's), as in the test of
             // `fold_step`.
-            a = fastpath::fold_step(u64::from_le(g5[0]) ^ a, &mut c, &mut d, &mut e);
-            b = fastpath::fold_step(u64::from_le(g5[1]) ^ b, &mut d, &mut e, &mut a);
-            c = fastpath::fold_step(u64::from_le(g5[2]) ^ c, &mut e, &mut a, &mut b);
-            d = fastpath::fold_step(u64::from_le(g5[3]) ^ d, &mut a, &mut b, &mut c);
-            e = fastpath::fold_step(u64::from_le(g5[4]) ^ e, &mut b, &mut c, &mut d);
+            a = xdp_responder::fold_step(u64::from_le(g5[0]) ^ a, &mut c, &mut d, &mut e);
+            b = xdp_responder::fold_step(u64::from_le(g5[1]) ^ b, &mut d, &mut e, &mut a);
+            c = xdp_responder::fold_step(u64::from_le(g5[2]) ^ c, &mut e, &mut a, &mut b);
+            d = xdp_responder::fold_step(u64::from_le(g5[3]) ^ d, &mut a, &mut b, &mut c);
+            e = xdp_responder::fold_step(u64::from_le(g5[4]) ^ e, &mut b, &mut c, &mut d);
             k += FOLD_GROUP;
             g += 1;
         }
@@ -772,7 +778,7 @@ extern "C" fn crc_turn(turn: u64, _cb_ctx: *mut core::ffi::c_void) -> i64 {
             }
             let o = k * 8;
             let (mut w2, mut w3, mut w4) = (0, 0, 0);
-            let w5 = fastpath::fold_step(word(o), &mut w2, &mut w3, &mut w4);
+            let w5 = xdp_responder::fold_step(word(o), &mut w2, &mut w3, &mut w4);
             xor_word(o + 16, w2);
             xor_word(o + 24, w3);
             xor_word(o + 32, w4);
@@ -791,14 +797,14 @@ extern "C" fn crc_turn(turn: u64, _cb_ctx: *mut core::ffi::c_void) -> i64 {
     while i <= FOLD_GROUP {
         let o = at + i * 8;
         if o + 8 <= len {
-            crc = fastpath::crc_u64(crc, word(o));
+            crc = xdp_responder::crc_u64(crc, word(o));
         } else {
             let mut k = 0;
             while k < 8 {
                 if o + k < len {
                     // SAFETY: below len <= SCRATCH (masked).
                     let b = unsafe { *buf.add((o + k) & (SCRATCH - 1)) };
-                    crc = fastpath::crc_byte(crc, b);
+                    crc = xdp_responder::crc_byte(crc, b);
                 }
                 k += 1;
             }

@@ -1,17 +1,17 @@
-//! The XDP responder's fast path (issue 20): in-order RDMA WRITEs into
-//! MRs of the MR pool, placed and ACKed by the XDP program itself;
-//! in-order atomics (FETCH_ADD, CMP_SWAP) on them, done with BPF atomics
-//! and answered with the atomic ACK; and in-order single-packet READs
-//! from them, answered with READ_RESPONSE_ONLY when the response fits
-//! the frame.
+//! The XDP responder: in-order RDMA WRITEs into MRs of the MR pool,
+//! placed and ACKed by the XDP program itself; in-order atomics
+//! (FETCH_ADD, CMP_SWAP) on them, done with BPF atomics and answered with
+//! the atomic ACK; and in-order single-packet READs from them, answered
+//! with READ_RESPONSE_ONLY when the response fits the frame.
 //!
 //! Everything here is shared by the XDP program and user space, so that
 //! the decision the program takes is the one the tests check against the
-//! engine (`rdma-user/src/transport/responder.rs`): [`fast_write`],
-//! [`fast_atomic`] and [`fast_read`] run the responder's checks for the cases the program
-//! serves, in the engine's order, and can only say "place" or "punt, for this reason".
-//! It never NAKs: every case the engine would answer otherwise is punted
-//! to user space, where the engine decides.
+//! engine (`rdma-user/src/transport/responder.rs`): [`check_write`],
+//! [`check_atomic`] and [`check_read`] run the responder's checks for the
+//! cases the program serves, in the engine's order, and can only say
+//! "place" or "punt, for this reason". It never NAKs: every case the
+//! engine would answer otherwise is punted to user space, where the
+//! engine decides.
 //!
 //! Written for the verifier: no slices of run-time length, bounded loops,
 //! fixed-size buffers.
@@ -288,7 +288,7 @@ pub fn pkey_matches(ours: u16, theirs: u16) -> bool {
     ours & 0x7fff == theirs & 0x7fff && ours & 0x7fff != 0 && (ours | theirs) & 0x8000 != 0
 }
 
-/// The fields of an RC WRITE request the fast path decides on.
+/// The fields of an RC WRITE request the XDP responder decides on.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WriteReq {
     pub opcode: u8,
@@ -321,9 +321,9 @@ pub struct Place {
 }
 
 /// FIRST, MIDDLE, LAST or ONLY of an RC RDMA WRITE without immediate: the
-/// only opcodes the fast path serves.
+/// only opcodes the XDP responder serves.
 #[inline(always)]
-pub fn is_fast_write(opc: u8) -> bool {
+pub fn is_served_write(opc: u8) -> bool {
     matches!(
         opc,
         opcode::RC_RDMA_WRITE_FIRST
@@ -386,8 +386,8 @@ fn resolve(
 /// `Ok`: the engine would place the payload there and ACK it if asked.
 /// `Err(reason)`: user space decides (it may NAK, drop or RNR).
 #[inline(always)]
-pub fn fast_write(st: &RespState, p: &WriteReq, mr: Option<&PoolMr>) -> Result<Place, usize> {
-    if !is_fast_write(p.opcode) {
+pub fn check_write(st: &RespState, p: &WriteReq, mr: Option<&PoolMr>) -> Result<Place, usize> {
+    if !is_served_write(p.opcode) {
         return Err(punt::NOT_WRITE);
     }
     if !pkey_matches(st.pkey as u16, p.pkey) {
@@ -483,8 +483,8 @@ pub fn commit(st: &mut RespState, p: &WriteReq, pl: &Place) {
     st.placed_bytes += pl.len as u64;
 }
 
-/// The fields of an RC atomic request (CMP_SWAP, FETCH_ADD) the fast path
-/// decides on, host order.
+/// The fields of an RC atomic request (CMP_SWAP, FETCH_ADD) the XDP
+/// responder decides on, host order.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AtomicReq {
     pub opcode: u8,
@@ -500,7 +500,7 @@ pub struct AtomicReq {
 
 /// CMP_SWAP or FETCH_ADD on an RC QP.
 #[inline(always)]
-pub fn is_fast_atomic(opc: u8) -> bool {
+pub fn is_served_atomic(opc: u8) -> bool {
     matches!(opc, opcode::RC_COMPARE_SWAP | opcode::RC_FETCH_ADD)
 }
 
@@ -512,8 +512,8 @@ pub fn is_fast_atomic(opc: u8) -> bool {
 /// misaligned or forbidden one). The engine's limit on outstanding
 /// READ/atomic responses never binds here: a QP is lent only with none.
 #[inline(always)]
-pub fn fast_atomic(st: &RespState, p: &AtomicReq, mr: Option<&PoolMr>) -> Result<u64, usize> {
-    if !is_fast_atomic(p.opcode) {
+pub fn check_atomic(st: &RespState, p: &AtomicReq, mr: Option<&PoolMr>) -> Result<u64, usize> {
+    if !is_served_atomic(p.opcode) {
         return Err(punt::NOT_WRITE);
     }
     single_packet_request(st, p.pkey, p.psn, p.plen)?;
@@ -574,7 +574,7 @@ fn single_packet_request(st: &RespState, pkey: u16, psn: u32, plen: u32) -> Resu
     Ok(())
 }
 
-/// The fields of an RC READ request the fast path decides on, host
+/// The fields of an RC READ request the XDP responder decides on, host
 /// order.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReadReq {
@@ -596,7 +596,7 @@ pub struct ReadReq {
 /// of nothing). The limit on outstanding READ/atomic responses never
 /// binds: a QP is lent only with none, and XDP answers at once.
 #[inline(always)]
-pub fn fast_read(st: &RespState, p: &ReadReq, mr: Option<&PoolMr>) -> Result<u64, usize> {
+pub fn check_read(st: &RespState, p: &ReadReq, mr: Option<&PoolMr>) -> Result<u64, usize> {
     single_packet_request(st, p.pkey, p.psn, p.plen)?;
     if p.dma_len > st.mtu || p.dma_len as usize > crate::mr_pool::PAGE {
         return Err(punt::TOO_LONG);
