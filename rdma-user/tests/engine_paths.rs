@@ -280,7 +280,7 @@ fn same_bytes_as_rxe_for_write_and_its_ack() {
     // Re-point our QP at the captured peer and replay the WRITE as requester.
     let src = b.n.alloc(64);
     let captured_payload = &w_bytes[w_bytes.len() - 64..];
-    b.n.local_mut(src, 64).copy_from_slice(captured_payload);
+    b.n.set_local(src, captured_payload);
     let sg = [Sge {
         addr: src,
         length: 64,
@@ -342,7 +342,7 @@ fn same_bytes_as_rxe_for_multi_packet_read_responses() {
         })
         .collect();
     assert_eq!(data.len(), 2500);
-    b.n.mem.by_lkey_mut(b.n.mr_lkey).unwrap().bytes_mut()[..2500].copy_from_slice(&data);
+    b.n.set_mr(0, &data);
     let va = b.va(0);
     let rkey = b.mr_rkey();
     b.req(

@@ -292,7 +292,7 @@ fn post_ops(
 /// Copies `data` into fresh local memory and returns a 1-3 entry SGE list.
 fn stage(rng: &mut Rng, me: &mut Node, data: &[u8]) -> Vec<Sge> {
     let a = me.alloc(data.len() as u64);
-    me.local_mut(a, data.len()).copy_from_slice(data);
+    me.set_local(a, data);
     split(rng, a, data.len() as u32, me.local_lkey)
 }
 

@@ -516,28 +516,70 @@ fn memory_kinds_access_flags_and_events_between_two_programs() {
     }
 }
 
+/// Collects a pipe's lines as they come (a reader thread; the text so far
+/// is shared).
+fn lines_of(pipe: impl std::io::Read + Send + 'static) -> std::sync::Arc<std::sync::Mutex<String>> {
+    let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let t = text.clone();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
+            let mut t = t.lock().unwrap();
+            t.push_str(&line);
+            t.push('\n');
+        }
+    });
+    text
+}
+
+/// Waits (60 s at most, then fails with what was printed) until `text`
+/// holds `needle`.
+fn wait_for_line(text: &std::sync::Mutex<String>, needle: &str, what: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !text.lock().unwrap().contains(needle) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} never came: {}",
+            text.lock().unwrap()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn a_peer_killed_mid_transfer_ends_in_retry_exceeded() {
     library();
     let _g = lab::serial();
     let lab = lab::Lab::new(1500);
-    let args = [
-        "exec",
-        "--",
-        "ib_write_bw",
-        "-x",
-        "1",
-        "-s",
-        "65536",
-        "-n",
-        "1000000",
-    ];
-    let server = lab.spawn(1, &args);
-    std::thread::sleep(std::time::Duration::from_millis(1500));
-    let mut cargs = args.to_vec();
-    cargs.push(&lab.addr[1]);
-    let client = lab.spawn(0, &cargs);
-    std::thread::sleep(std::time::Duration::from_secs(3));
+    let perftest = ["ib_write_bw", "-x", "1", "-s", "65536", "-n", "1000000"];
+    let server = lab.spawn(1, &[&["exec", "--"][..], &perftest].concat());
+    // Until perftest's TCP port listens, a client would be refused.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let ss = lab.exec(1, "ss", &["-Hltn", "sport = :18515"]);
+        if !ss.stdout.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server never listened"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // The client's stdout goes through stdbuf so that its lines arrive as
+    // they are printed.
+    let cargs = [
+        &["exec", "--", "stdbuf", "-oL"][..],
+        &perftest,
+        &[lab.addr[1].as_str()],
+    ]
+    .concat();
+    let mut client = lab.spawn(0, &cargs);
+    // Mid-transfer: the client prints its results header once both QPs
+    // are connected and the first WRITEs are posted.
+    let client_out = lines_of(client.stdout.take().expect("piped"));
+    wait_for_line(&client_out, "#bytes", "the client's results header");
+    std::thread::sleep(std::time::Duration::from_millis(500));
     // SIGKILL: no clean-up at all, as a crashed program.
     let _ = Command::new("kill")
         .args(["-KILL", &server.id().to_string()])
@@ -547,7 +589,7 @@ fn a_peer_killed_mid_transfer_ends_in_retry_exceeded() {
     let _ = lab::wait_timeout(server, std::time::Duration::from_secs(5));
     let text = format!(
         "{}{}",
-        String::from_utf8_lossy(&out.stdout),
+        client_out.lock().unwrap(),
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(

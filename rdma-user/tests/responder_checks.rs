@@ -277,7 +277,7 @@ fn duplicate_send_is_reacked_not_redelivered() {
 fn duplicate_read_is_reexecuted() {
     let mut b = Bench::new(256, 0x100, 0x30);
     let (va, rkey) = (b.va(WRITE_AREA), b.mr_rkey());
-    b.n.mem.by_lkey_mut(b.n.mr_lkey).unwrap().bytes_mut()[..600].fill(1);
+    b.n.set_mr(0, &[1; 600]);
     b.req(
         opcode::RC_RDMA_READ_REQUEST,
         0x30,
@@ -302,7 +302,7 @@ fn duplicate_read_is_reexecuted() {
     );
     // Memory changes, the request is repeated for its tail (from the 2nd
     // response): the responder reads memory again.
-    b.n.mem.by_lkey_mut(b.n.mr_lkey).unwrap().bytes_mut()[..600].fill(2);
+    b.n.set_mr(0, &[2; 600]);
     b.req(
         opcode::RC_RDMA_READ_REQUEST,
         0x31,

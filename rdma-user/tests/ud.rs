@@ -76,12 +76,11 @@ fn ah_to(x: &mut Host, y: &Host) -> u32 {
 }
 
 fn write(h: &mut Host, off: usize, data: &[u8]) {
-    let mr = h.core.mem.by_lkey_mut(h.lkey).unwrap();
-    mr.bytes_mut()[off..off + data.len()].copy_from_slice(data);
+    h.core.mem.by_lkey_mut(h.lkey).unwrap().write(off, data);
 }
 
 fn read(h: &Host, off: usize, len: usize) -> Vec<u8> {
-    h.core.mem.by_lkey(h.lkey).unwrap().bytes()[off..off + len].to_vec()
+    h.core.mem.by_lkey(h.lkey).unwrap().read_vec(off, len)
 }
 
 fn send(h: &mut Host, id: u64, ah: u32, remote_qpn: u32, qkey: u32, len: u32, imm: Option<u32>) {

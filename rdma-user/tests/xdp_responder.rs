@@ -643,7 +643,7 @@ fn reads_xdp_answered_are_executed_again_after_the_take_back() {
     );
     b.n.qp.restore_responder(&snap);
     assert_eq!(b.n.qp.rq_psn(), peer_psn + 3);
-    b.n.mr_mut()[128..152].copy_from_slice(b"the bytes as they are no");
+    b.n.set_mr(128, b"the bytes as they are no");
     // The newest READ: executed again, with today's bytes.
     b.req(
         opcode::RC_RDMA_READ_REQUEST,

@@ -67,6 +67,30 @@ pub(crate) fn prereqs(install: bool, for_tests: bool) -> Result<()> {
             Box::new(|| sh(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))),
         ));
     }
+    // The test command checks formatting and lints: rustfmt and clippy for
+    // the host toolchain, clippy for nightly (the eBPF crate).
+    if for_tests {
+        for (tool, component) in [("fmt", "rustfmt"), ("clippy", "clippy")] {
+            if have("cargo", &[tool, "--version"]).is_none() {
+                missing.push((
+                    format!("{component} (the test command's lint step): rustup component add {component}"),
+                    Box::new(move || sh(Command::new("rustup").args(["component", "add", component]))),
+                ));
+            }
+        }
+        let nightly_clippy = have(
+            "rustup",
+            &["component", "list", "--installed", "--toolchain", "nightly"],
+        )
+        .map(|s| s.lines().any(|l| l.starts_with("clippy")))
+        .unwrap_or(false);
+        if !nightly_clippy {
+            missing.push((
+                "clippy for nightly (lints the eBPF crate): rustup component add clippy --toolchain nightly".into(),
+                Box::new(|| sh(Command::new("rustup").args(["component", "add", "clippy", "--toolchain", "nightly"]))),
+            ));
+        }
+    }
     let linker = have("bpf-linker", &["--version"]).unwrap_or_default();
     if !linker.contains(BPF_LINKER) {
         missing.push((

@@ -429,7 +429,7 @@ pub fn gid_table(netdev: &str) -> Vec<[u8; 16]> {
     let addrs = iface_addrs(netdev).unwrap_or_default();
     for a in &addrs {
         if let IpAddr::V4(a4) = a {
-            v.push(a4.to_ipv6_mapped().octets());
+            v.push(rdma_user::wire::gid_of((*a4).into()));
         }
     }
     for a in &addrs {

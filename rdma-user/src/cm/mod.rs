@@ -181,14 +181,6 @@ pub struct ConnectParams {
     pub private_data: [u8; REQ_PRIVATE_LEN],
 }
 
-/// The GID of an IP address (IPv4-mapped for IPv4), as RoCEv2 uses it.
-pub fn ip_gid(ip: IpAddr) -> [u8; 16] {
-    match ip {
-        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
-        IpAddr::V6(a) => a.octets(),
-    }
-}
-
 /// rdma_cm's local ACK time-out for RoCE: its packet life time
 /// (CMA_IBOE_PACKET_LIFETIME, 16) plus one, as rxe's REQs carry it.
 pub const CMA_ACK_TIMEOUT: u8 = 17;
@@ -251,8 +243,8 @@ impl ConnectParams {
             primary: CmPath {
                 local_lid: 0xffff,
                 remote_lid: 0xffff,
-                local_gid: ip_gid(c.src.ip()),
-                remote_gid: ip_gid(c.dst.ip()),
+                local_gid: crate::wire::gid_of(c.src.ip()),
+                remote_gid: crate::wire::gid_of(c.dst.ip()),
                 flow_label: cma_flow_label(c.src.port(), c.dst.port()),
                 packet_rate: 0,
                 traffic_class: c.traffic_class,

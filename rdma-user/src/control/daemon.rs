@@ -542,8 +542,8 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
                 let (lkey, _, mr_len) = find_mr(dp, key)?;
                 check_range(offset, len, mr_len)?;
                 let mr = dp.core.mem.by_lkey(lkey).expect("found");
-                let bytes = &mr.bytes()[offset as usize..(offset + len) as usize];
-                Ok(json!({"offset": offset, "data": hex(bytes)}))
+                let bytes = mr.read_vec(offset as usize, len as usize);
+                Ok(json!({"offset": offset, "data": hex(&bytes)}))
             })
             .await
         }
@@ -554,7 +554,7 @@ async fn handle(ctl: &Arc<Ctl>, req: Request) -> Result<Value> {
                 let (lkey, _, mr_len) = find_mr(dp, key)?;
                 check_range(offset, bytes.len() as u64, mr_len)?;
                 let mr = dp.core.mem.by_lkey_mut(lkey).expect("found");
-                mr.bytes_mut()[offset as usize..offset as usize + bytes.len()].copy_from_slice(&bytes);
+                mr.write(offset as usize, &bytes);
                 Ok(json!({"written": bytes.len()}))
             })
             .await
@@ -829,7 +829,7 @@ async fn connect_local(
         x.set_live_qp(
             qpn,
             rdma_common::LiveQp {
-                peer_gid: crate::device::datapath::gid_of(path.peer_ip),
+                peer_gid: crate::wire::gid_of(path.peer_ip),
                 peer_sport: crate::wire::udp_sport_for_qps(remote_qpn, qpn).to_be_bytes(),
                 connected: 1,
                 _pad: 0,
@@ -969,7 +969,7 @@ async fn post(ctl: &Arc<Ctl>, p: crate::control::proto::Post) -> Result<Value> {
             if let Some(d) = &data {
                 check_range(p.offset, d.len() as u64, mr_len)?;
                 let mr = dp.core.mem.by_lkey_mut(lkey).expect("found");
-                mr.bytes_mut()[p.offset as usize..p.offset as usize + d.len()].copy_from_slice(d);
+                mr.write(p.offset as usize, d);
                 len = d.len() as u64;
             }
             let opcode = match op.as_str() {
@@ -1062,9 +1062,13 @@ async fn post(ctl: &Arc<Ctl>, p: crate::control::proto::Post) -> Result<Value> {
         let orig = ctl
             .run(move |dp| {
                 let (lkey, _, _) = find_mr(dp, key)?;
-                let b = &dp.core.mem.by_lkey(lkey).expect("found").bytes()
-                    [off as usize..off as usize + 8];
-                Ok(json!(u64::from_ne_bytes(b.try_into().unwrap())))
+                let mut b = [0u8; 8];
+                dp.core
+                    .mem
+                    .by_lkey(lkey)
+                    .expect("found")
+                    .read(off as usize, &mut b);
+                Ok(json!(u64::from_ne_bytes(b)))
             })
             .await?;
         out["original"] = orig;

@@ -24,8 +24,8 @@ use crate::transport::{
 
 use super::rings::{AsyncEvent, AsyncShared, CqShared, Doorbell, QpRings, SrqShared};
 use crate::wire::{
-    ipv4_mapped_gid, udp_sport_for_qps, udp_sport_for_ud, EthernetRepr, IpRepr, Ipv4Repr, Ipv6Repr,
-    RoceRepr, TransportRepr, UdpRepr, WireError, ETH_P_IPV4, ETH_P_IPV6, ICRC_LEN, IPPROTO_UDP,
+    udp_sport_for_qps, udp_sport_for_ud, EthernetRepr, IpRepr, Ipv4Repr, Ipv6Repr, RoceRepr,
+    TransportRepr, UdpRepr, WireError, ETH_P_IPV4, ETH_P_IPV6, ICRC_LEN, IPPROTO_UDP,
     ROCE_V2_UDP_PORT,
 };
 use rdma_common::OpFlags;
@@ -92,21 +92,9 @@ impl Path {
     }
 }
 
-/// The address a RoCEv2 GID stands for (IPv4-mapped GIDs give IPv4).
-pub fn gid_to_ip(g: &[u8; 16]) -> IpAddr {
-    if g[..10] == [0; 10] && g[10] == 0xff && g[11] == 0xff {
-        IpAddr::from([g[12], g[13], g[14], g[15]])
-    } else {
-        IpAddr::from(*g)
-    }
-}
-
-pub fn gid_of(ip: IpAddr) -> [u8; 16] {
-    match ip {
-        IpAddr::V4(a) => ipv4_mapped_gid(a.octets()),
-        IpAddr::V6(a) => a.octets(),
-    }
-}
+// The GID conversions live with the wire formats; the drop-in library
+// still reaches them here.
+pub use crate::wire::{gid_of, gid_to_ip};
 
 /// A completion queue: a bounded ring. Overflow is counted and reported,
 /// never silent.
@@ -480,15 +468,10 @@ impl Core {
         let shm =
             SharedMem::new("rdma-mr", len).map_err(|e| DeviceError::Memory(format!("{e:#}")))?;
         let addr = shm.as_ptr() as u64;
-        let (lkey, rkey) = self.mem.register(
-            pd,
-            Backing::Raw {
-                ptr: shm.as_ptr(),
-                len,
-            },
-            addr,
-            access,
-        )?;
+        // SAFETY: the mapping is `len` bytes and lives in `mr_backing`
+        // until `dereg_mr` removes the registration first.
+        let backing = unsafe { Backing::raw(shm.as_ptr(), len) };
+        let (lkey, rkey) = self.mem.register(pd, backing, addr, access)?;
         self.mr_backing.insert(lkey, shm);
         Ok((addr, lkey, rkey))
     }
@@ -513,9 +496,10 @@ impl Core {
                 max: self.limits.max_mr_len,
             });
         }
-        Ok(self
-            .mem
-            .register(pd, Backing::Raw { ptr, len }, iova, access)?)
+        // SAFETY: the caller promises the range stays mapped and writable
+        // until `dereg_mr`.
+        let backing = unsafe { Backing::raw(ptr, len) };
+        Ok(self.mem.register(pd, backing, iova, access)?)
     }
 
     /// Registers another data path's MR here, same memory and keys (the
@@ -536,13 +520,11 @@ impl Core {
         lkey: u32,
         rkey: u32,
     ) -> Result<()> {
-        Ok(self.mem.register_at(
-            pd,
-            Backing::Raw { ptr, len },
-            ptr as u64,
-            access,
-            (lkey, rkey),
-        )?)
+        // SAFETY: the caller promises `len` valid bytes until `dereg_mr`.
+        let backing = unsafe { Backing::raw(ptr, len) };
+        Ok(self
+            .mem
+            .register_at(pd, backing, ptr as u64, access, (lkey, rkey))?)
     }
 
     /// Removes a CQ no QP uses.

@@ -132,29 +132,87 @@ impl std::hash::Hasher for KeyHasher {
 pub type KeyMap<V> = HashMap<u32, V, std::hash::BuildHasherDefault<KeyHasher>>;
 
 /// Where the bytes of a region live.
+///
+/// A region's memory is shared: the application writes and reads it
+/// through its own pointers, and the XDP responder writes pool MRs from the
+/// kernel, while the data path reads and writes it. So no Rust reference
+/// (`&[u8]` or `&mut [u8]`) to it is ever made; every access copies through
+/// raw pointers ([`MemoryRegion::read`], [`MemoryRegion::write`]) or is an
+/// atomic ([`MrTable::atomic`]). Bytes that another party writes at the
+/// same time may be seen torn, as on hardware: RDMA makes no promise for
+/// concurrent non-atomic access.
 pub enum Backing {
-    /// Heap memory (tests, simulation).
-    Heap(Box<[u8]>),
-    /// Memory owned elsewhere (a shared mapping). The owner guarantees it stays
-    /// mapped while the region is registered.
-    Raw { ptr: *mut u8, len: usize },
+    /// Heap memory owned by the region (tests, simulation).
+    Heap(HeapBuf),
+    /// Memory owned elsewhere (a shared mapping), made by [`Backing::raw`].
+    Raw(RawBuf),
 }
 
-// SAFETY: a Raw backing is a plain memory mapping; the table is only used by
-// one data-path thread at a time (it is moved, never shared).
+/// A zero-filled heap allocation, reached only through its raw pointer
+/// (never through the `Box` it came from), freed on drop.
+pub struct HeapBuf {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+impl Drop for HeapBuf {
+    fn drop(&mut self) {
+        let slice = std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len);
+        // SAFETY: `ptr` and `len` come from `Box::into_raw` of a `[u8]` of
+        // `len` bytes in `Backing::heap`, and this is the only place that
+        // frees it (`HeapBuf` is neither `Clone` nor `Copy`).
+        drop(unsafe { Box::from_raw(slice) });
+    }
+}
+
+/// Memory that another owner maps, with the promise given to
+/// [`Backing::raw`].
+pub struct RawBuf {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: both backings are plain memory reached through raw pointers; the
+// table that holds them is used by one data-path thread at a time (it is
+// moved, never shared), and the bytes themselves are only ever copied or
+// accessed atomically (see above).
 unsafe impl Send for Backing {}
 
 impl Backing {
+    /// `len` zero bytes on the heap.
+    pub fn heap(len: usize) -> Backing {
+        let b: Box<[u8]> = vec![0u8; len].into_boxed_slice();
+        let len = b.len();
+        let ptr = Box::into_raw(b) as *mut u8;
+        Backing::Heap(HeapBuf {
+            // A boxed slice's pointer is never null (dangling but non-null
+            // when empty).
+            ptr: std::ptr::NonNull::new(ptr).expect("Box pointer is non-null"),
+            len,
+        })
+    }
+
+    /// Memory mapped by someone else.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for reads and writes of `len` bytes for as long
+    /// as the backing is registered, and nobody may hold a Rust reference
+    /// to those bytes meanwhile (other parties write them through pointers
+    /// of their own, as the application and the kernel do).
+    pub unsafe fn raw(ptr: *mut u8, len: usize) -> Backing {
+        Backing::Raw(RawBuf { ptr, len })
+    }
+
     fn as_ptr(&self) -> *mut u8 {
         match self {
-            Backing::Heap(b) => b.as_ptr() as *mut u8,
-            Backing::Raw { ptr, .. } => *ptr,
+            Backing::Heap(h) => h.ptr.as_ptr(),
+            Backing::Raw(r) => r.ptr,
         }
     }
     fn len(&self) -> usize {
         match self {
-            Backing::Heap(b) => b.len(),
-            Backing::Raw { len, .. } => *len,
+            Backing::Heap(h) => h.len,
+            Backing::Raw(r) => r.len,
         }
     }
 }
@@ -176,13 +234,58 @@ impl MemoryRegion {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-    pub fn bytes(&self) -> &[u8] {
-        // SAFETY: backing is valid for len bytes for the region's lifetime.
-        unsafe { std::slice::from_raw_parts(self.backing.as_ptr(), self.len()) }
+    /// The region's first byte, for address arithmetic only.
+    pub fn as_ptr(&self) -> *const u8 {
+        self.backing.as_ptr()
     }
-    pub fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as above, and &mut self gives exclusive access.
-        unsafe { std::slice::from_raw_parts_mut(self.backing.as_ptr(), self.len()) }
+
+    /// The region's bytes `offset..offset + len`, checked against its length.
+    fn range_ptr(&self, offset: usize, len: usize) -> *mut u8 {
+        let end = offset.checked_add(len);
+        assert!(
+            end.is_some_and(|e| e <= self.len()),
+            "range {offset}+{len} outside a region of {} bytes",
+            self.len()
+        );
+        // SAFETY: `offset + len <= len()` (asserted), so the result stays
+        // inside (or one past) the backing's allocation.
+        unsafe { self.backing.as_ptr().add(offset) }
+    }
+
+    /// Copies the bytes at `offset..offset + dst.len()` into `dst`. Panics
+    /// if the range leaves the region.
+    pub fn read(&self, offset: usize, dst: &mut [u8]) {
+        let src = self.range_ptr(offset, dst.len());
+        // SAFETY: `src` is valid for `dst.len()` bytes (checked by
+        // `range_ptr`; the backing's promise keeps it mapped), `dst` is a
+        // distinct Rust buffer, and no reference to the region's bytes is
+        // made (see `Backing`).
+        unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) }
+    }
+
+    /// The bytes at `offset..offset + len`, copied out.
+    pub fn read_vec(&self, offset: usize, len: usize) -> Vec<u8> {
+        let mut v = vec![0u8; len];
+        self.read(offset, &mut v);
+        v
+    }
+
+    /// Copies `src` into the region at `offset`. Panics if the range
+    /// leaves the region.
+    pub fn write(&mut self, offset: usize, src: &[u8]) {
+        let dst = self.range_ptr(offset, src.len());
+        // SAFETY: as in `read`, with the roles swapped; `src` is a Rust
+        // buffer, so it cannot overlap the region (no reference to the
+        // region's bytes exists).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) }
+    }
+
+    /// Sets `len` bytes at `offset` to `byte`. Panics if the range leaves
+    /// the region.
+    pub fn fill(&mut self, offset: usize, len: usize, byte: u8) {
+        let dst = self.range_ptr(offset, len);
+        // SAFETY: `dst` is valid for `len` bytes (checked by `range_ptr`).
+        unsafe { std::ptr::write_bytes(dst, byte, len) }
     }
 }
 
@@ -376,12 +479,7 @@ impl MrTable {
         addr: u64,
         access: Access,
     ) -> Result<(u32, u32), RegError> {
-        self.register(
-            pd,
-            Backing::Heap(vec![0u8; len].into_boxed_slice()),
-            addr,
-            access,
-        )
+        self.register(pd, Backing::heap(len), addr, access)
     }
 
     /// Removes a region by its lkey; returns its backing so the owner can free it.
@@ -484,28 +582,45 @@ impl MrTable {
         })
     }
 
-    /// Bytes of a resolved window. Panics only on a `Resolved` that this table
-    /// did not produce (a programming error, never input-driven).
-    pub fn slice(&self, r: Resolved) -> &[u8] {
-        &self.slots[r.slot].as_ref().expect("resolved slot").bytes()[r.offset..r.offset + r.len]
+    /// Copies a resolved window into `dst` (`dst.len()` must be the
+    /// window's). Panics only on a `Resolved` that this table did not
+    /// produce or a wrong length (programming errors, never input-driven).
+    pub fn read(&self, r: Resolved, dst: &mut [u8]) {
+        assert_eq!(dst.len(), r.len, "window and buffer lengths differ");
+        self.slots[r.slot]
+            .as_ref()
+            .expect("resolved slot")
+            .read(r.offset, dst);
     }
 
-    pub fn slice_mut(&mut self, r: Resolved) -> &mut [u8] {
-        &mut self.slots[r.slot]
+    /// Copies `src` into a resolved window (`src.len()` must be the
+    /// window's).
+    pub fn write(&mut self, r: Resolved, src: &[u8]) {
+        assert_eq!(src.len(), r.len, "window and buffer lengths differ");
+        self.slots[r.slot]
             .as_mut()
             .expect("resolved slot")
-            .bytes_mut()[r.offset..r.offset + r.len]
+            .write(r.offset, src);
+    }
+
+    /// The address of a resolved window's first byte.
+    fn window_ptr(&self, r: Resolved) -> *mut u8 {
+        self.slots[r.slot]
+            .as_ref()
+            .expect("resolved slot")
+            .range_ptr(r.offset, r.len)
     }
 
     /// Executes an 8-byte atomic at a resolved, aligned window. The value is in
     /// host byte order in memory, as on hardware and rxe. Returns the original.
     pub fn atomic(&mut self, t: AtomicTarget, op: AtomicOp) -> u64 {
-        let s = self.slice_mut(t.0);
-        assert!(s.len() == 8 && (s.as_ptr() as usize).is_multiple_of(8));
-        // SAFETY: `s` is 8 bytes, 8-byte aligned (checked by
-        // `resolve_atomic`, the only maker of an AtomicTarget, and asserted
-        // above), and borrowed exclusively for the lifetime of `a`.
-        let a = unsafe { &*(s.as_mut_ptr() as *const AtomicU64) };
+        let p = self.window_ptr(t.0);
+        assert!(t.0.len == 8 && (p as usize).is_multiple_of(8));
+        // SAFETY: the window is 8 bytes inside a registered region, 8-byte
+        // aligned (checked by `resolve_atomic`, the only maker of an
+        // AtomicTarget, and asserted above). Other parties may access the
+        // same bytes; an `AtomicU64` is the sound way to share them.
+        let a = unsafe { AtomicU64::from_ptr(p.cast::<u64>()) };
         match op {
             AtomicOp::FetchAdd(add) => a.fetch_add(add, Ordering::SeqCst),
             AtomicOp::CmpSwap { compare, swap } => {
@@ -523,8 +638,7 @@ impl MrTable {
             return Err(AccessError::Unaligned);
         }
         let r = self.resolve(rkey, pd, va, 8, Access::REMOTE_ATOMIC)?;
-        let ptr = self.slice(r).as_ptr() as usize;
-        if !ptr.is_multiple_of(8) {
+        if !(self.window_ptr(r) as usize).is_multiple_of(8) {
             return Err(AccessError::Unaligned);
         }
         Ok(AtomicTarget(r))
@@ -768,6 +882,8 @@ mod tests {
             5
         );
         assert_eq!(t.atomic(r, AtomicOp::FetchAdd(1)), 9);
-        assert_eq!(t.slice(r.window()), &10u64.to_ne_bytes());
+        let mut got = [0u8; 8];
+        t.read(r.window(), &mut got);
+        assert_eq!(got, 10u64.to_ne_bytes());
     }
 }

@@ -13,11 +13,12 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 
-use crate::device::datapath::{gid_of, gid_to_ip, Connect, Path};
+use crate::device::datapath::{Connect, Path};
 use crate::device::standalone::{Standalone, NO_WC};
 use crate::io::hostnet;
 use crate::memory::Access;
 use crate::transport::{QpAttr, QpCap, RecvWr, SendWr, Sge, WcOpcode, WcStatus, WrOpcode};
+use crate::wire::{gid_of, gid_to_ip};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -899,7 +900,9 @@ fn pingpong(dev: &mut Standalone, c: &Ctx, o: &Options, size: usize) -> Result<R
                 loop {
                     dev.dp.poll();
                     let mr = dev.dp.core.mem.by_lkey(c.lkey).expect("mr");
-                    if mr.bytes()[poll_off] == rcnt as u8 {
+                    let mut b = [0u8];
+                    mr.read(poll_off, &mut b);
+                    if b[0] == rcnt as u8 {
                         break;
                     }
                     if t0.elapsed() > Duration::from_secs(o.connect_timeout) {
@@ -919,7 +922,12 @@ fn pingpong(dev: &mut Standalone, c: &Ctx, o: &Options, size: usize) -> Result<R
         }
         if scnt < iters {
             scnt += 1;
-            dev.dp.core.mem.by_lkey_mut(c.lkey).expect("mr").bytes_mut()[post_at] = scnt as u8;
+            dev.dp
+                .core
+                .mem
+                .by_lkey_mut(c.lkey)
+                .expect("mr")
+                .write(post_at, &[scnt as u8]);
             times.push(Instant::now());
             let mut wr = SendWr::new(scnt, op, &sg);
             wr.remote_addr = q.peer().vaddr;

@@ -9,11 +9,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use crate::device::datapath::{gid_of, gid_to_ip, Connect, Path};
+use crate::device::datapath::{Connect, Path};
 use crate::device::standalone::{Standalone, NO_WC};
 use crate::io::hostnet;
 use crate::memory::Access;
 use crate::transport::{QpAttr, QpCap, RecvWr, SendWr, Sge, WcStatus, WrOpcode};
+use crate::wire::{gid_of, gid_to_ip};
 
 pub struct Options {
     pub iface: String,
@@ -73,7 +74,8 @@ pub fn run(o: Options) -> Result<()> {
     let (addr, lkey, _) = dev.dp.core.reg_mr(pd, o.size.max(1), Access::LOCAL_WRITE)?;
     {
         let mr = dev.dp.core.mem.by_lkey_mut(lkey).expect("just registered");
-        mr.bytes_mut().fill(0x7b);
+        let len = mr.len();
+        mr.fill(0, len, 0x7b);
     }
     let cq = dev.dp.core.create_cq(o.rx_depth as usize + 1)?;
     let qpn = dev.dp.core.create_qp(
@@ -206,7 +208,7 @@ pub fn run(o: Options) -> Result<()> {
         if o.validate {
             let mr = dev.dp.core.mem.by_lkey_mut(lkey).expect("mr");
             for i in (0..o.size).step_by(4096) {
-                mr.bytes_mut()[i] = 0;
+                mr.write(i, &[0]);
             }
         }
         post_send(&mut dev)?;
@@ -278,7 +280,9 @@ pub fn run(o: Options) -> Result<()> {
     if o.server.is_none() && o.validate {
         let mr = dev.dp.core.mem.by_lkey(lkey).expect("mr");
         for i in (0..o.size).step_by(4096) {
-            if mr.bytes()[i] != 0 {
+            let mut b = [0u8];
+            mr.read(i, &mut b);
+            if b[0] != 0 {
                 bail!("invalid data in page {}", i / 4096);
             }
         }

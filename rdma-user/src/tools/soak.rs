@@ -15,12 +15,13 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::device::datapath::{gid_of, Backoff, Connect, Path};
+use crate::device::datapath::{Backoff, Connect, Path};
 use crate::device::standalone::{Standalone, NO_WC};
 use crate::io::hostnet;
 use crate::memory::Access;
 use crate::rng::Rng;
 use crate::transport::{QpCap, RecvWr, SendWr, Sge, Wc, WcOpcode, WcStatus, WrOpcode};
+use crate::wire::gid_of;
 
 /// WRITE/READ target area on the server.
 pub const AREA: usize = 1 << 20;

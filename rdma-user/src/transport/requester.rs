@@ -547,7 +547,7 @@ impl QpEngine {
             // Checked in check_local before the first packet; a region
             // deregistered mid-message yields zeros, never a fault.
             match mem.resolve_local(s.lkey, pd, s.addr + off as u64, n as u64, Access(0)) {
-                Ok(r) => out[done..done + n].copy_from_slice(mem.slice(r)),
+                Ok(r) => mem.read(r, &mut out[done..done + n]),
                 Err(_) => out[done..done + n].fill(0),
             }
             done += n;

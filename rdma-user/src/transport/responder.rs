@@ -346,7 +346,7 @@ impl QpEngine {
                     // deregistered since, so check again and send zeros rather
                     // than touch memory that is gone.
                     match mem.resolve(rkey, self.pd, va, len as u64, Access::REMOTE_READ) {
-                        Ok(r) => buf[hl..hl + len as usize].copy_from_slice(mem.slice(r)),
+                        Ok(r) => mem.read(r, &mut buf[hl..hl + len as usize]),
                         Err(_) => buf[hl..hl + len as usize].fill(0),
                     }
                     len as usize
@@ -407,7 +407,7 @@ impl QpEngine {
                     Access::LOCAL_WRITE,
                 )
                 .map_err(|_| WcStatus::LocProtErr)?;
-            mem.slice_mut(r).copy_from_slice(&data[done..done + n]);
+            mem.write(r, &data[done..done + n]);
             done += n;
             off = 0;
         }
@@ -632,7 +632,7 @@ impl QpEngine {
                     plen as u64,
                     Access::REMOTE_WRITE,
                 ) {
-                    Ok(r) => mem.slice_mut(r).copy_from_slice(payload),
+                    Ok(r) => mem.write(r, payload),
                     Err(_) => {
                         // Deregistered mid-message.
                         return self.responder_fatal(psn, syndrome::NAK_REMOTE_ACCESS, None);

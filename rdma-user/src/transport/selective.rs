@@ -368,7 +368,7 @@ impl QpEngine {
         }
         match mem.resolve(rkey, self.pd, va + off, plen, Access::REMOTE_WRITE) {
             Ok(r) => {
-                mem.slice_mut(r).copy_from_slice(payload);
+                mem.write(r, payload);
                 true
             }
             Err(_) => false,

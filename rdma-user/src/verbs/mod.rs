@@ -554,7 +554,8 @@ impl Mr {
                 .mem
                 .by_lkey(lkey)
                 .ok_or(Error::Device(DeviceError::NoMr(lkey)))?;
-            Ok(m.bytes()[window(m.len(), offset, len)?].to_vec())
+            let w = window(m.len(), offset, len)?;
+            Ok(m.read_vec(w.start, w.len()))
         })
     }
 
@@ -568,7 +569,7 @@ impl Mr {
                 .by_lkey_mut(lkey)
                 .ok_or(Error::Device(DeviceError::NoMr(lkey)))?;
             let w = window(m.len(), offset, data.len())?;
-            m.bytes_mut()[w].copy_from_slice(&data);
+            m.write(w.start, &data);
             Ok(())
         })
     }

@@ -235,10 +235,47 @@ impl IpRepr {
 }
 
 /// The RoCEv2 GID of an IPv4 address: `::ffff:a.b.c.d`.
-pub fn ipv4_mapped_gid(a: [u8; 4]) -> [u8; 16] {
-    let mut g = [0u8; 16];
-    g[10] = 0xff;
-    g[11] = 0xff;
-    g[12..].copy_from_slice(&a);
-    g
+fn ipv4_mapped_gid(a: [u8; 4]) -> [u8; 16] {
+    std::net::Ipv4Addr::from(a).to_ipv6_mapped().octets()
+}
+
+/// The RoCEv2 GID of an IP address (IPv4 mapped as `::ffff:a.b.c.d`), as
+/// GID tables, GRHs and CM paths carry it.
+pub fn gid_of(ip: std::net::IpAddr) -> [u8; 16] {
+    match ip {
+        std::net::IpAddr::V4(a) => ipv4_mapped_gid(a.octets()),
+        std::net::IpAddr::V6(a) => a.octets(),
+    }
+}
+
+/// The address a RoCEv2 GID stands for (IPv4-mapped GIDs give IPv4).
+pub fn gid_to_ip(g: &[u8; 16]) -> std::net::IpAddr {
+    let v6 = std::net::Ipv6Addr::from(*g);
+    match v6.to_ipv4_mapped() {
+        Some(v4) => std::net::IpAddr::V4(v4),
+        None => std::net::IpAddr::V6(v6),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::IpAddr;
+
+    #[test]
+    fn gids_map_ipv4_and_carry_ipv6() {
+        let v4: IpAddr = "10.99.0.2".parse().unwrap();
+        let g = gid_of(v4);
+        assert_eq!(g[..12], [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]);
+        assert_eq!(g[12..], [10, 99, 0, 2]);
+        assert_eq!(gid_to_ip(&g), v4);
+        let v6: IpAddr = "fd99::2".parse().unwrap();
+        assert_eq!(gid_to_ip(&gid_of(v6)), v6);
+        let r = IpRepr::V4(Ipv4Repr {
+            src: [10, 99, 0, 2],
+            dst: [10, 99, 0, 3],
+            ..Default::default()
+        });
+        assert_eq!(r.src_gid(), g);
+    }
 }

@@ -73,10 +73,10 @@ impl Node {
             .register_heap(PD, LOCAL_LEN, local_addr, Access::LOCAL_WRITE)
             .unwrap();
         {
-            let m = mem.by_lkey_mut(mr_lkey).unwrap().bytes_mut();
-            for i in 0..READ_AREA_LEN {
-                m[(READ_AREA + i) as usize] = read_pattern(i);
-            }
+            let pattern: Vec<u8> = (0..READ_AREA_LEN).map(read_pattern).collect();
+            mem.by_lkey_mut(mr_lkey)
+                .unwrap()
+                .write(READ_AREA as usize, &pattern);
         }
         let net = RoceRepr {
             eth: EthernetRepr {
@@ -128,22 +128,36 @@ impl Node {
         a
     }
 
-    pub fn local(&self, addr: u64, len: usize) -> &[u8] {
+    /// A copy of `len` bytes of the local buffer at `addr`.
+    pub fn local(&self, addr: u64, len: usize) -> Vec<u8> {
         let off = (addr - self.local_addr) as usize;
-        &self.mem.by_lkey(self.local_lkey).unwrap().bytes()[off..off + len]
+        self.mem
+            .by_lkey(self.local_lkey)
+            .unwrap()
+            .read_vec(off, len)
     }
 
-    pub fn local_mut(&mut self, addr: u64, len: usize) -> &mut [u8] {
+    /// Writes `data` into the local buffer at `addr`.
+    pub fn set_local(&mut self, addr: u64, data: &[u8]) {
         let off = (addr - self.local_addr) as usize;
-        &mut self.mem.by_lkey_mut(self.local_lkey).unwrap().bytes_mut()[off..off + len]
+        self.mem
+            .by_lkey_mut(self.local_lkey)
+            .unwrap()
+            .write(off, data);
     }
 
-    pub fn mr(&self) -> &[u8] {
-        self.mem.by_lkey(self.mr_lkey).unwrap().bytes()
+    /// A copy of the whole target MR.
+    pub fn mr(&self) -> Vec<u8> {
+        let m = self.mem.by_lkey(self.mr_lkey).unwrap();
+        m.read_vec(0, m.len())
     }
 
-    pub fn mr_mut(&mut self) -> &mut [u8] {
-        self.mem.by_lkey_mut(self.mr_lkey).unwrap().bytes_mut()
+    /// Writes `data` into the target MR at `offset`.
+    pub fn set_mr(&mut self, offset: usize, data: &[u8]) {
+        self.mem
+            .by_lkey_mut(self.mr_lkey)
+            .unwrap()
+            .write(offset, data);
     }
 
     /// Drains everything the QP wants to send, as complete frames.

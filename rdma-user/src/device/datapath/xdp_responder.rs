@@ -171,10 +171,11 @@ impl Core {
         // usable part); nothing else uses it.
         unsafe { std::ptr::write_bytes(ptr, 0, len) };
         let addr = ptr as u64;
-        let (lkey, rkey) = match self
-            .mem
-            .register(pd, Backing::Raw { ptr, len }, addr, access)
-        {
+        // SAFETY: the pool mapping lives as long as the XDP responder's
+        // maps, which outlive every MR registered in it; the range is this
+        // MR's alone until it is freed after deregistration.
+        let backing = unsafe { Backing::raw(ptr, len) };
+        let (lkey, rkey) = match self.mem.register(pd, backing, addr, access) {
             Ok(k) => k,
             Err(e) => {
                 xdp_responder.pages.lock().expect("pool lock").free(off);
@@ -239,10 +240,11 @@ impl Core {
             xdp_responder.pages.lock().expect("pool lock").free(off);
             return None;
         }
-        let keys = match self
-            .mem
-            .register(pd, Backing::Raw { ptr, len }, iova, access)
-        {
+        // SAFETY: the pool range is now mapped over the caller's pages,
+        // which the caller keeps mapped until deregistration, as for any
+        // MR over application memory.
+        let backing = unsafe { Backing::raw(ptr, len) };
+        let keys = match self.mem.register(pd, backing, iova, access) {
             Ok(k) => k,
             Err(e) => {
                 // SAFETY: our overlay of the caller's pages, undone.
@@ -385,7 +387,7 @@ impl Core {
             st.ack_len = ack_len as u32;
             st.ack_l3 = l3 as u32;
             st.ack_ipv4 = ipv4 as u32;
-            st.peer_gid = super::gid_of(path.peer_ip);
+            st.peer_gid = crate::wire::gid_of(path.peer_ip);
             st.peer_sport = peer_sport as u32;
             st.placed = 0;
             st.placed_bytes = 0;
