@@ -422,7 +422,7 @@ fn check_wc(
             return Err(format!("RECV {wr_id}: imm {:?} want {imm:?}", wc.imm));
         }
         if wc.opcode == WcOpcode::Recv
-            && (wc.byte_len as usize != data.len() || me.local(addr, data.len()) != &data[..])
+            && (wc.byte_len as usize != data.len() || me.local(addr, data.len()) != data[..])
         {
             {
                 return Err(format!(
