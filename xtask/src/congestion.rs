@@ -143,7 +143,7 @@ fn scenarios(quick: bool) -> Vec<Scenario> {
 /// faster than the CNPs of a millisecond-long loop could stop it, the
 /// queue passed Kmax, and the cuts that followed emptied it (departure's
 /// remaining flow averaged about 325 Mbit/s of 400; with an 80th, 360:
-/// BENCHMARKS.md).
+/// docs/benchmarks.md).
 fn testbed_cc(rate_mbit: f64) -> Vec<String> {
     vec![
         "rp_time_reset=1000".into(),
@@ -322,7 +322,7 @@ fn run_one(
     // scheduler, the flows can switch mid-run from sharing fairly to
     // swinging against each other (most likely a sender moved onto the
     // relay's core), and stagger's Jain index falls from about 0.99 to
-    // about 0.9 (measured, see BENCHMARKS.md). With the receiver on the
+    // about 0.9 (measured, see docs/benchmarks.md). With the receiver on the
     // senders' core, its turns delayed their pacing into bursts.
     let pin = |who: &str| -> Vec<String> {
         if o.no_pin {

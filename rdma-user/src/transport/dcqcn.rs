@@ -59,8 +59,8 @@ impl Default for CcParams {
     /// byte counter, F = 5, R_AI 40 Mbit/s, R_HAI 100 Mbit/s, α starting at
     /// 1 and 50 µs between CNPs; line rate 10 Gbit/s (a veth's) until the
     /// driver knows the link. mlx5's firmware defaults are smaller
-    /// (`rp_dce_tcp_g` 1019, a 1 µs alpha period, R_AI 5 Mbit/s): see the
-    /// README.
+    /// (`rp_dce_tcp_g` 1019, a 1 µs alpha period, R_AI 5 Mbit/s): see
+    /// docs/congestion.md.
     fn default() -> Self {
         CcParams {
             enabled: true,
