@@ -630,7 +630,7 @@ fn a_second_program_on_the_interface_is_told_who_holds_it() {
     }
 }
 
-/// Issue 20: with `RDMA_XDP_POOL=1`, the library moves page-aligned
+/// With `RDMA_XDP_POOL=1`, the library moves page-aligned
 /// regions into the MR pool (same addresses, same bytes), and unmodified
 /// perftest's WRITEs are placed and ACKed by the XDP program: both
 /// sides' XDP counters show it, and the runs report every iteration.

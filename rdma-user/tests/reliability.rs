@@ -105,7 +105,7 @@ fn soak_through_the_relay_with_every_fault_loses_nothing() {
     }
 }
 
-/// The same soak with the XDP responder on the server's MR (issue 20):
+/// The same soak with the XDP responder on the server's MR:
 /// every fault through the relay, WRITEs placed by XDP between READs,
 /// SENDs and atomics that take the QP back to the engine, and nothing
 /// lost, duplicated or corrupted.
@@ -251,7 +251,7 @@ fn hostile_flood_is_counted_touches_nothing_and_valid_traffic_flows() {
     hostile_flood(false);
 }
 
-/// The same flood with the XDP responder on (issue 20): B's MRs are in the
+/// The same flood with the XDP responder on: B's MRs are in the
 /// MR pool and its QPs lent to XDP. Every count is as on the user path,
 /// no byte of the victim's or another MR changes, XDP placed nothing of
 /// the flood, and it placed the valid WRITEs.

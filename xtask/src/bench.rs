@@ -120,7 +120,7 @@ pub(crate) fn bench(quick: bool) -> Result<()> {
         true,
     ));
     let mut records: Vec<Value> = Vec::new();
-    // The XDP responder beside the user path (issue 20): latency with the
+    // The XDP responder beside the user path: latency with the
     // buffers in the MR pool, and write_bw with an adaptive target on each
     // path for the target's CPU per message.
     for s in [2, 64] {
@@ -559,7 +559,7 @@ pub(crate) fn summary(r: &[Value]) -> String {
     ] {
         s += &row(name, a, b, goal);
     }
-    // The XDP responder (issue 20), same run.
+    // The XDP responder, same run.
     let xtt = |b: u64| {
         find_path(r, "write_lat", b, "xdp", false).and_then(|v| v["t_typical_us"].as_f64())
     };

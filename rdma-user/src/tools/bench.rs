@@ -77,7 +77,7 @@ pub struct Options {
     /// Wait in poll(2) while only waiting for the peer (see `Oob`).
     pub adaptive: bool,
     /// The buffer in the MR pool: the XDP responder serves the peer's
-    /// WRITEs to it (issue 20).
+    /// WRITEs to it.
     pub pool: bool,
     /// The XDP responder skips the received ICRC check (to measure its
     /// share of the program's cost; benchmark only).

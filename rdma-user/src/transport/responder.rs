@@ -155,7 +155,7 @@ pub fn check_recv(state: QpState, wr: &RecvWr) -> Result<(), PostError> {
     Ok(())
 }
 
-/// The responder's state as the XDP responder takes it over (issue 20):
+/// The responder's state as the XDP responder takes it over:
 /// the expected PSN, the MSN and a WRITE in progress.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RespSnapshot {
