@@ -886,4 +886,51 @@ mod tests {
         t.read(r.window(), &mut got);
         assert_eq!(got, 10u64.to_ne_bytes());
     }
+
+    /// An application's buffer registered in place: the application keeps
+    /// writing and reading it through its own pointer between the table's
+    /// copies and atomics, as a verbs program does with its MR while the
+    /// data path serves peers. Run under Miri, this also checks that no
+    /// access of the table invalidates the application's pointer (no
+    /// reference to the shared bytes is ever made).
+    #[test]
+    fn the_application_and_the_table_share_bytes_through_pointers() {
+        let mut app = vec![0u64; 4];
+        let p = app.as_mut_ptr().cast::<u8>();
+        let mut t = MrTable::new(4, 1);
+        // SAFETY: `app` stays allocated until after the deregistration
+        // below, and from here on only `p` touches its bytes.
+        let backing = unsafe { Backing::raw(p, 32) };
+        let (lkey, rkey) = t.register(1, backing, p as u64, Access::ALL).unwrap();
+        // SAFETY (each use of `p` below): inside the 32 bytes of `app`.
+        unsafe { p.add(8).write(7) };
+        let r = t
+            .resolve(rkey, 1, p as u64 + 8, 8, Access::REMOTE_READ)
+            .unwrap();
+        let mut got = [0u8; 8];
+        t.read(r, &mut got);
+        assert_eq!(got[0], 7);
+        t.write(r, &[1; 8]);
+        // SAFETY: as above.
+        assert_eq!(unsafe { p.add(15).read() }, 1);
+        let a = t.resolve_atomic(rkey, 1, p as u64 + 16).unwrap();
+        // SAFETY: as above; 8-byte aligned (a u64 of `app`).
+        unsafe { p.add(16).cast::<u64>().write(40) };
+        assert_eq!(t.atomic(a, AtomicOp::FetchAdd(2)), 40);
+        // SAFETY: as above.
+        assert_eq!(unsafe { p.add(16).cast::<u64>().read() }, 42);
+        let m = t.by_lkey_mut(lkey).unwrap();
+        m.fill(24, 8, 0xee);
+        assert_eq!(m.read_vec(22, 4), [0, 0, 0xee, 0xee]);
+        assert!(t.deregister(lkey).is_some());
+        drop(app);
+    }
+
+    #[test]
+    #[should_panic(expected = "outside a region")]
+    fn a_copy_past_the_region_panics_before_touching_memory() {
+        let mut t = MrTable::new(4, 1);
+        let (lkey, _) = t.register_heap(1, 16, 0x1000, Access::ALL).unwrap();
+        t.by_lkey_mut(lkey).unwrap().write(10, &[0; 7]);
+    }
 }
