@@ -902,7 +902,7 @@ mod tests {
         // below, and from here on only `p` touches its bytes.
         let backing = unsafe { Backing::raw(p, 32) };
         let (lkey, rkey) = t.register(1, backing, p as u64, Access::ALL).unwrap();
-        // SAFETY (each use of `p` below): inside the 32 bytes of `app`.
+        // SAFETY: inside the 32 bytes of `app`, which only `p` touches.
         unsafe { p.add(8).write(7) };
         let r = t
             .resolve(rkey, 1, p as u64 + 8, 8, Access::REMOTE_READ)
