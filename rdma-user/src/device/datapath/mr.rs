@@ -8,6 +8,17 @@ use crate::io::xsk::SharedMem;
 use crate::memory::{Access, Backing};
 
 impl Core {
+    /// An MR is 1 byte to the device's `max_mr_len`.
+    pub(super) fn check_mr_len(&self, len: usize) -> Result<()> {
+        if len == 0 || len > self.limits.max_mr_len {
+            return Err(DeviceError::MrLength {
+                len,
+                max: self.limits.max_mr_len,
+            });
+        }
+        Ok(())
+    }
+
     pub fn alloc_pd(&mut self) -> u32 {
         let pd = self.next_pd;
         self.next_pd += 1;
@@ -17,12 +28,7 @@ impl Core {
     /// Registers `len` bytes of fresh shared memory (a memfd mapping, which
     /// another process may map too). The VA peers use is the mapping address.
     pub fn reg_mr(&mut self, pd: u32, len: usize, access: Access) -> Result<(u64, u32, u32)> {
-        if len == 0 || len > self.limits.max_mr_len {
-            return Err(DeviceError::MrLength {
-                len,
-                max: self.limits.max_mr_len,
-            });
-        }
+        self.check_mr_len(len)?;
         let shm =
             SharedMem::new("rdma-mr", len).map_err(|e| DeviceError::Memory(format!("{e:#}")))?;
         let addr = shm.as_ptr() as u64;
@@ -48,12 +54,7 @@ impl Core {
         iova: u64,
         access: Access,
     ) -> Result<(u32, u32)> {
-        if len == 0 || len > self.limits.max_mr_len {
-            return Err(DeviceError::MrLength {
-                len,
-                max: self.limits.max_mr_len,
-            });
-        }
+        self.check_mr_len(len)?;
         // SAFETY: the caller promises the range stays mapped and writable
         // until `dereg_mr`.
         let backing = unsafe { Backing::raw(ptr, len) };

@@ -154,12 +154,7 @@ impl Core {
             .xdp_responder
             .clone()
             .ok_or_else(|| DeviceError::NoPool("the XDP responder is not set up".into()))?;
-        if len == 0 || len > self.limits.max_mr_len {
-            return Err(DeviceError::MrLength {
-                len,
-                max: self.limits.max_mr_len,
-            });
-        }
+        self.check_mr_len(len)?;
         let off = xdp_responder
             .pages
             .lock()
