@@ -1,4 +1,4 @@
-//! Socket addresses and `rdma_getaddrinfo`.
+//! Socket addresses, the addresses of an id's route, and `rdma_getaddrinfo`.
 
 use std::ffi::{c_char, c_int, CStr};
 use std::net::{IpAddr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
@@ -6,8 +6,10 @@ use std::ptr;
 
 use libc::{sockaddr, sockaddr_in, sockaddr_in6, sockaddr_storage, AF_INET, AF_INET6};
 
+use rdma_user::device::datapath::gid_of;
+
 use super::abi::*;
-use crate::ffi::{IBV_QPT_RC, IBV_QPT_UD};
+use crate::ffi::{ibv_gid, IBV_QPT_RC, IBV_QPT_UD};
 use crate::{guard, set_errno};
 
 /// An IPv4 or IPv6 socket address; None for other families or NULL.
@@ -69,6 +71,18 @@ pub(crate) fn port_of(s: &sockaddr_storage) -> u16 {
     // SAFETY: a sockaddr_storage of ours.
     unsafe { read_sockaddr(s as *const sockaddr_storage as *const sockaddr) }
         .map_or(0, |a| a.port())
+}
+
+pub(crate) fn fill_route(r: &mut rdma_route, src: SocketAddr, dst: SocketAddr) {
+    write_sockaddr(&mut r.addr.src, src);
+    write_sockaddr(&mut r.addr.dst, dst);
+    r.addr.ibaddr.sgid = ibv_gid {
+        raw: gid_of(src.ip()),
+    };
+    r.addr.ibaddr.dgid = ibv_gid {
+        raw: gid_of(dst.ip()),
+    };
+    r.addr.ibaddr.pkey = 0xffff;
 }
 
 /// The source address the kernel's routing table picks for `dst` (a
