@@ -1,7 +1,8 @@
 //! `cargo xtask`: set up, build, demo, test, run.
 //!
-//! - `cargo xtask demo`: install what is missing, build, and run the two-host
-//!   demo on a veth pair between two network namespaces, checking its results.
+//! - `cargo xtask demo`: install what is missing (perftest too), build, and
+//!   run the two-host demo on a veth pair between two network namespaces,
+//!   checking its results.
 //! - `cargo xtask test`: install what is missing (tshark too), run every test.
 //! - `cargo xtask run -- ARGS`: build and run the `rdma-xdp` binary.
 //! - `cargo xtask interop [--rxe-pair]`, `cargo xtask vm ...`: against Linux
@@ -45,7 +46,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Two namespaces, a daemon in each, RDMA WRITE/READ/SEND/FETCH_ADD between them.
+    /// Two namespaces, a daemon in each, RDMA WRITE/READ/SEND/FETCH_ADD between
+    /// them; WRITEs the XDP responder places; unmodified ib_write_lat over the
+    /// drop-in libibverbs.
     Demo {
         /// Keep the namespaces and daemons running afterwards.
         #[arg(long)]
@@ -197,7 +200,7 @@ pub(crate) fn root() -> PathBuf {
 fn main() {
     let cli = Cli::parse();
     let r = match cli.cmd {
-        Cmd::Demo { keep } => prereqs(true, false).and_then(|_| demo(keep)),
+        Cmd::Demo { keep } => setup::demo_prereqs(true).and_then(|_| demo(keep)),
         Cmd::Test { args } => prereqs(true, true).and_then(|_| test(&args)),
         Cmd::Interop {
             quick,

@@ -36,6 +36,16 @@ pub(crate) type Installer = Box<dyn Fn() -> Result<()>>;
 /// Each missing prerequisite is one line: what is missing and how to get it.
 /// With `install`, missing pieces are installed instead.
 pub(crate) fn prereqs(install: bool, for_tests: bool) -> Result<()> {
+    prereqs_for(install, for_tests, false)
+}
+
+/// The demo's prerequisites: the build's, and perftest (the demo runs
+/// unmodified `ib_write_lat` over the drop-in libibverbs).
+pub(crate) fn demo_prereqs(install: bool) -> Result<()> {
+    prereqs_for(install, false, true)
+}
+
+fn prereqs_for(install: bool, for_tests: bool, for_demo: bool) -> Result<()> {
     let mut missing: Vec<(String, Installer)> = Vec::new();
     let is_root = have("id", &["-u"])
         .map(|s| s.trim() == "0")
@@ -122,9 +132,15 @@ pub(crate) fn prereqs(install: bool, for_tests: bool) -> Result<()> {
     if for_tests && have("objdump", &["--version"]).is_none() {
         debs.push("binutils");
     }
-    // perftest for the drop-in library's tests; libibverbs-dev for the C
-    // misuse test (headers, and the link-time libibverbs.so).
-    if for_tests && have("sh", &["-c", "command -v ib_write_bw"]).is_none() {
+    // perftest for the drop-in library's tests and the demo; libibverbs-dev
+    // for the C misuse test (headers, and the link-time libibverbs.so).
+    if (for_tests || for_demo)
+        && have(
+            "sh",
+            &["-c", "command -v ib_write_bw && command -v ib_write_lat"],
+        )
+        .is_none()
+    {
         debs.push("perftest");
     }
     if for_tests && !std::path::Path::new("/usr/include/infiniband/verbs.h").exists() {
