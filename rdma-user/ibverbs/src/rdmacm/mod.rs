@@ -35,9 +35,9 @@ use rdma_user::verbs;
 use rdma_user::wire::cm::*;
 use rdma_user::wire::RoceRepr;
 
-use crate::device::{gid_table, our_context};
 use crate::ffi::*;
-use crate::verbs::Live;
+use crate::objects::{our_context, Boxes};
+use crate::port::gid_table;
 use crate::{errno, guard, set_errno};
 use addr::*;
 
@@ -101,7 +101,7 @@ struct ChannelRef(*mut Channel);
 
 impl ChannelRef {
     fn get(ch: *mut rdma_event_channel) -> Option<ChannelRef> {
-        CHANNELS.get_with::<Channel, _, _>(ch, |c| {
+        CHANNELS.with(ch, |c| {
             c.users.lock().unwrap_or_else(|e| e.into_inner()).n += 1;
             ChannelRef(c as *const Channel as *mut Channel)
         })
@@ -138,7 +138,7 @@ struct Event {
     data: [u8; MAD_LEN],
 }
 
-static CHANNELS: Live = Live::new();
+static CHANNELS: Boxes<Channel> = Boxes::new();
 
 /// Events handed out and acknowledged, per id (rdma_cm counts an event
 /// of a connection request on its listener): `rdma_destroy_id` waits for
@@ -211,7 +211,9 @@ fn new_channel() -> Result<*mut Channel, c_int> {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .retain(|&(d, _)| d != p as usize);
-    CHANNELS.add(p);
+    // SAFETY: a fresh box, the set's from now on (`free_channel` takes it
+    // out before `release_channel` frees it).
+    unsafe { CHANNELS.add(p) };
     Ok(p)
 }
 
@@ -373,8 +375,7 @@ pub unsafe extern "C" fn rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int {
         unsafe {
             count_event(event_owner(&*event), false);
             let id = (*event).id;
-            if !id.is_null() && LIVE_IDS.get::<rdma_cm_id, _>(id).is_some() && (*id).event == event
-            {
+            if !id.is_null() && LIVE_IDS.contains(id) && (*id).event == event {
                 (*id).event = ptr::null_mut();
             }
             drop(Box::from_raw(event as *mut Event));
@@ -488,7 +489,7 @@ struct Cm {
 unsafe impl Send for Cm {}
 
 static CM: Mutex<Option<Cm>> = Mutex::new(None);
-static LIVE_IDS: Live = Live::new();
+static LIVE_IDS: Boxes<rdma_cm_id> = Boxes::new();
 
 fn lock() -> MutexGuard<'static, Option<Cm>> {
     CM.lock().unwrap_or_else(|e| e.into_inner())
@@ -534,7 +535,7 @@ impl Cm {
         let ctx = unsafe { crate::device::ibv_open_device(device) };
         let c = our_context(ctx).ok_or(libc::ENODEV)?;
         let opened = (|| {
-            let dp = crate::verbs::data_path(c)?;
+            let dp = c.data_path()?;
             let gsi = Arc::new(Gsi::new().map_err(|e| e.raw_os_error().unwrap_or(libc::ENOMEM))?);
             dp.set_gsi(Some(gsi.clone())).map_err(|e| e.errno())?;
             let mac = iface_mac(netdev).map_err(|_| libc::ENODEV)?;
@@ -553,7 +554,7 @@ impl Cm {
             .and_then(|v| v.parse().ok())
             .unwrap_or(20);
         let agent = CmAgent::new(CmConfig {
-            ca_guid: u64::from_be_bytes(crate::device::eui64(mac)),
+            ca_guid: u64::from_be_bytes(crate::port::eui64(mac)),
             response_timeout,
             max_retries: 15,
             tid_high: std::process::id(),
@@ -884,7 +885,8 @@ impl Cm {
             }
         };
         self.ids.insert(child as usize, st);
-        LIVE_IDS.add(child);
+        // SAFETY: a fresh box from `new_id`, the set's from now on.
+        unsafe { LIVE_IDS.add(child) };
         self.by_conn.insert((dev, comm), child as usize);
         let mut e = e;
         e.ev.listen_id = lp;
@@ -1011,7 +1013,7 @@ impl Cm {
         }
         let (mut a, mask) = self.qp_attr(id, state)?;
         // SAFETY: the id's QP (ours) and a local attr.
-        match unsafe { crate::verbs::ibv_modify_qp(qp, &mut a, mask) } {
+        match unsafe { crate::qp::ibv_modify_qp(qp, &mut a, mask) } {
             0 => Ok(()),
             e => Err(e),
         }
@@ -1308,7 +1310,7 @@ fn wait_sync(id: *mut rdma_cm_id, ok: c_int) -> c_int {
 }
 
 fn live_id(id: *mut rdma_cm_id) -> bool {
-    LIVE_IDS.get::<rdma_cm_id, _>(id).is_some()
+    LIVE_IDS.contains(id)
 }
 
 // ---------------------------------------------------------------------------
@@ -1348,7 +1350,8 @@ pub unsafe extern "C" fn rdma_create_id(
         // SAFETY: the new id.
         unsafe { (*p).channel = ch };
         with_cm(|cm| cm.ids.insert(p as usize, id_state(sync)));
-        LIVE_IDS.add(p);
+        // SAFETY: a fresh box from `new_id`, the set's from now on.
+        unsafe { LIVE_IDS.add(p) };
         // SAFETY: the caller's out pointer.
         unsafe { *id = p };
         0
@@ -1383,7 +1386,7 @@ fn destroy_id_inner(id: *mut rdma_cm_id) -> c_int {
     if st.as_ref().is_some_and(|s| s.sync) {
         free_channel(ch);
     }
-    LIVE_IDS.destroy::<rdma_cm_id, _>(id, |_| Ok(()));
+    LIVE_IDS.destroy(id);
     0
 }
 
@@ -1630,7 +1633,7 @@ fn create_qp(id: *mut rdma_cm_id, pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) 
         let have = unsafe { (*id).pd };
         if have.is_null() {
             // SAFETY: our context.
-            let p = unsafe { crate::verbs::ibv_alloc_pd(verbs) };
+            let p = unsafe { crate::pd::ibv_alloc_pd(verbs) };
             if p.is_null() {
                 return -1;
             }
@@ -1645,7 +1648,7 @@ fn create_qp(id: *mut rdma_cm_id, pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) 
     // SAFETY: our context and a live id of ours.
     let made = unsafe { fill_id_cqs(verbs, id, (&mut a.send_cq, &mut a.recv_cq), a.cap) };
     // SAFETY: our PD and the local copy of the attributes.
-    let qp = made.and_then(|()| made_or_errno(unsafe { crate::verbs::ibv_create_qp(pd, a) }));
+    let qp = made.and_then(|()| made_or_errno(unsafe { crate::qp::ibv_create_qp(pd, a) }));
     let qp = match qp {
         Ok(q) => q,
         Err(e) => {
@@ -1653,7 +1656,7 @@ fn create_qp(id: *mut rdma_cm_id, pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) 
             unsafe {
                 destroy_id_cqs(id);
                 if own_pd {
-                    crate::verbs::ibv_dealloc_pd(pd);
+                    crate::pd::ibv_dealloc_pd(pd);
                 }
             }
             return err(e);
@@ -1676,7 +1679,7 @@ fn create_qp(id: *mut rdma_cm_id, pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) 
     if let Err(e) = r {
         // SAFETY: the QP we just made, and the id's CQs.
         unsafe {
-            crate::verbs::ibv_destroy_qp(qp);
+            crate::qp::ibv_destroy_qp(qp);
             (*id).qp = ptr::null_mut();
             destroy_id_cqs(id);
         }
@@ -1736,15 +1739,14 @@ unsafe fn make_id_cq(
     }
     // SAFETY: as the caller promises.
     unsafe {
-        let ch = made_or_errno(crate::verbs::ibv_create_comp_channel(verbs))?;
+        let ch = made_or_errno(crate::cq::ibv_create_comp_channel(verbs))?;
         let (cq_slot, ch_slot) = if send {
             (&mut (*id).send_cq, &mut (*id).send_cq_channel)
         } else {
             (&mut (*id).recv_cq, &mut (*id).recv_cq_channel)
         };
         *ch_slot = ch;
-        let cq =
-            crate::verbs::ibv_create_cq(verbs, depth.max(1) as c_int, id as *mut c_void, ch, 0);
+        let cq = crate::cq::ibv_create_cq(verbs, depth.max(1) as c_int, id as *mut c_void, ch, 0);
         *cq_slot = made_or_errno(cq)?;
     }
     Ok(())
@@ -1760,13 +1762,13 @@ unsafe fn destroy_id_cqs(id: *mut rdma_cm_id) {
     unsafe {
         for cq in [&mut (*id).send_cq, &mut (*id).recv_cq] {
             if !cq.is_null() {
-                crate::verbs::ibv_destroy_cq(*cq);
+                crate::cq::ibv_destroy_cq(*cq);
                 *cq = ptr::null_mut();
             }
         }
         for ch in [&mut (*id).send_cq_channel, &mut (*id).recv_cq_channel] {
             if !ch.is_null() {
-                crate::verbs::ibv_destroy_comp_channel(*ch);
+                crate::cq::ibv_destroy_comp_channel(*ch);
                 *ch = ptr::null_mut();
             }
         }
@@ -1809,7 +1811,7 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
         let made = unsafe { fill_id_cqs(verbs, id, (&mut a.send_cq, &mut a.recv_cq), a.cap) };
         let qp =
             // SAFETY: our context and the caller's attr.
-            made.and_then(|()| made_or_errno(unsafe { crate::verbs::create_qp_ex(verbs, attr) }));
+            made.and_then(|()| made_or_errno(unsafe { crate::qp::create_qp_ex(verbs, attr) }));
         let qp = match qp {
             Ok(q) => q,
             Err(e) => {
@@ -1829,7 +1831,7 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
             Err(e) => {
                 // SAFETY: the QP we just made, and the id's CQs.
                 unsafe {
-                    crate::verbs::ibv_destroy_qp(qp);
+                    crate::qp::ibv_destroy_qp(qp);
                     (*id).qp = ptr::null_mut();
                     destroy_id_cqs(id);
                 }
@@ -1850,7 +1852,7 @@ pub unsafe extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
         // SAFETY: a live id of ours, its QP and the CQs made for it.
         unsafe {
             if !(*id).qp.is_null() {
-                crate::verbs::ibv_destroy_qp((*id).qp);
+                crate::qp::ibv_destroy_qp((*id).qp);
                 (*id).qp = ptr::null_mut();
             }
             destroy_id_cqs(id);
@@ -2441,7 +2443,7 @@ pub unsafe extern "C" fn rdma_destroy_ep(id: *mut rdma_cm_id) {
         unsafe {
             rdma_destroy_qp(id);
             if own_pd && !(*id).pd.is_null() {
-                crate::verbs::ibv_dealloc_pd((*id).pd);
+                crate::pd::ibv_dealloc_pd((*id).pd);
             }
         }
         destroy_id_inner(id);
