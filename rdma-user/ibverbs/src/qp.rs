@@ -89,8 +89,9 @@ unsafe fn create_qp(
         if attr.is_null() {
             return err_ptr(libc::EINVAL);
         }
-        // SAFETY: the caller's init attr.
-        let a = unsafe { &mut *attr };
+        // SAFETY: the caller's init attr, copied (the granted capabilities
+        // are written back below).
+        let a = unsafe { attr.read() };
         let qp_type = match a.qp_type {
             IBV_QPT_RC => QpType::Rc,
             IBV_QPT_UD => QpType::Ud,
@@ -171,7 +172,8 @@ unsafe fn create_qp(
                         return err_ptr(e.errno());
                     }
                 }
-                a.cap = granted;
+                // SAFETY: the caller's init attr (its out field).
+                unsafe { (*attr).cap = granted };
                 let mut qpx = ibv_qp_ex {
                     qp_base: ibv_qp {
                         context: p.context(),

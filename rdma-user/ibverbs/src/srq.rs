@@ -29,8 +29,9 @@ pub unsafe extern "C" fn ibv_create_srq(
         if attr.is_null() {
             return err_ptr(libc::EINVAL);
         }
-        // SAFETY: the caller's init attr.
-        let a = unsafe { &mut *attr };
+        // SAFETY: the caller's init attr, copied (what is granted is
+        // written back below).
+        let a = unsafe { attr.read() };
         let want = a.attr;
         if want.max_wr == 0 || want.max_wr > 16384 || want.max_sge as usize > MAX_SGE {
             return err_ptr(libc::EINVAL);
@@ -54,10 +55,13 @@ pub unsafe extern "C" fn ibv_create_srq(
             ctx,
         });
         s.shared.set_limit(want.srq_limit);
-        a.attr = ibv_srq_attr {
-            max_wr: s.max_wr,
-            max_sge: s.max_sge,
-            srq_limit: want.srq_limit,
+        // SAFETY: the caller's init attr (its in/out field).
+        unsafe {
+            (*attr).attr = ibv_srq_attr {
+                max_wr: s.max_wr,
+                max_sge: s.max_sge,
+                srq_limit: want.srq_limit,
+            }
         };
         SRQS.add(s).cast()
     })
