@@ -13,7 +13,7 @@ use rdma_user::device::datapath::{gid_of, gid_to_ip};
 use rdma_user::transport::GRH_LEN;
 
 use crate::ffi::*;
-use crate::objects::{hold_context, our_context, Ah, CShared, AHS, PDS};
+use crate::objects::{open_context, our_context, Ah, CShared, AHS, PDS};
 use crate::port::{gid_table, path_of};
 use crate::{err_ptr, guard, set_errno};
 
@@ -33,7 +33,7 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
         if a.is_global == 0 || a.port_num > 1 {
             return err_ptr(libc::EINVAL);
         }
-        let Some(ctx) = hold_context(p.context()) else {
+        let Some(ctx) = open_context(p.context()) else {
             return err_ptr(libc::EINVAL);
         };
         let path = match path_of(ctx.netdev(), a) {
@@ -65,7 +65,6 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
         AHS.destroy(ah, libc::EINVAL, |a| {
             a.inner.destroy().map_err(|e| e.errno())
         })
-        .map(|o| o.ctx.release())
         .err()
         .unwrap_or(0)
     })

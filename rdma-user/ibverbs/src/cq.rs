@@ -15,7 +15,7 @@ use rdma_user::device::rings::CqShared;
 use rdma_user::transport::{Wc, WcOpcode, WcStatus};
 
 use crate::ffi::*;
-use crate::objects::{hold_context, CShared, Channel, Cq, CHANNELS, CQS};
+use crate::objects::{open_context, CShared, Channel, Cq, CHANNELS, CQS};
 use crate::{err_ptr, guard, set_errno};
 
 /// # Safety
@@ -25,7 +25,7 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
     context: *mut ibv_context,
 ) -> *mut ibv_comp_channel {
     guard(ptr::null_mut(), || {
-        let Some(ctx) = hold_context(context) else {
+        let Some(ctx) = open_context(context) else {
             return err_ptr(libc::EINVAL);
         };
         // SAFETY: eventfd has no memory arguments.
@@ -72,7 +72,6 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
                 unsafe { libc::close(ch.fd) };
                 Ok(())
             })
-            .map(|o| o.ctx.release())
             .err()
             .unwrap_or(0)
     })
@@ -106,7 +105,7 @@ pub unsafe extern "C" fn ibv_create_cq(
     _comp_vector: c_int,
 ) -> *mut ibv_cq {
     guard(ptr::null_mut(), || {
-        let Some(ctx) = hold_context(context) else {
+        let Some(ctx) = open_context(context) else {
             return err_ptr(libc::EINVAL);
         };
         if !(1..=32767).contains(&cqe) {
@@ -180,7 +179,6 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
             }
             Ok(())
         })
-        .map(|o| o.ctx.release())
         .err()
         .unwrap_or(0)
     })

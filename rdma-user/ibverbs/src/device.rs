@@ -187,7 +187,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
             vctx: CShared::new(vctx),
             dev,
             dp: Mutex::new(None),
-            users: Users::new(),
+            qps: Users::new(),
             monitor: Mutex::new(PortMonitor::start(&dev.link.netdev, events.clone())),
             events,
         });
@@ -207,16 +207,19 @@ fn set_ops(ops: &mut ibv_context_ops) {
     ops.post_srq_recv = Some(crate::post::post_srq_recv);
 }
 
-/// Closes a context that has no objects left: EBUSY (also in errno) while
-/// any PD, MR, CQ, completion channel, QP, SRQ or AH made on it is live,
-/// and nothing is freed; once the program has destroyed them, closing
-/// succeeds.
+/// Closes a context: EBUSY (also in errno) while a QP made on it is live,
+/// and then nothing changes (the program can destroy its QPs and close
+/// again). Without QPs it closes: no object can be made on it any more,
+/// its port monitor stops, and so does its data path once no object
+/// still uses it; objects left on it (perftest's `ib_send_bw` client
+/// never destroys its receive CQ) keep its memory and can still be
+/// destroyed.
 ///
 /// rdma-core's `ibv_close_device` always returns 0: rxe's `free_context`
 /// closes the command fd (the kernel then destroys every object of the
-/// context) and frees the context, so the program's objects point to freed
-/// memory and a later call on one (`ibv_destroy_qp` reads `qp->context`)
-/// is a use after free. Here those calls keep working instead.
+/// context) and frees the context, which the program's objects still
+/// point to, so a later call on one (`ibv_modify_qp`, `ibv_destroy_qp`)
+/// reads freed memory.
 ///
 /// # Safety
 /// `context` is NULL or a context pointer.
@@ -226,7 +229,7 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
         let Some(c) = our_context(context) else {
             return libc::EINVAL;
         };
-        match c.users.close() {
+        match c.qps.close() {
             Ok(()) => {}
             Err(NotClosed::Busy(_)) => {
                 set_errno(libc::EBUSY);
@@ -235,10 +238,9 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
             // Another thread closed it meanwhile.
             Err(NotClosed::Closed) => return libc::EINVAL,
         }
-        // Its data path (unless an object still in another thread's call
-        // holds a clone for that call) and port monitor stop now; its
-        // memory goes with the last reference: the table's, or that of a
-        // call of another thread still holding it.
+        // The context's own handle on its data path and the port monitor
+        // go now; its memory with the last reference (the table's, an
+        // object's, or that of a call of another thread).
         drop(c.dp.lock().unwrap_or_else(|e| e.into_inner()).take());
         drop(c.monitor.lock().unwrap_or_else(|e| e.into_inner()).take());
         drop(CONTEXTS.remove(Arc::as_ptr(&c)));

@@ -8,9 +8,10 @@
 //! never a crash), and a found one is an `Arc` that keeps it in memory for
 //! the call, whatever other threads destroy meanwhile.
 //!
-//! Every object made on a context holds it ([`Held`]): the context stays
-//! in memory while any of them does, and `ibv_close_device` refuses to
-//! close it (EBUSY) until each of them is destroyed.
+//! Every object made on a context holds it (an `Arc`): the context stays
+//! in memory while any of them does, so no object outlives what it
+//! points to. Its QPs are also counted ([`Held`]): `ibv_close_device`
+//! refuses to close a context (EBUSY) until each of them is destroyed.
 //!
 //! Devices are never freed (rdma-core's may outlive their list while a
 //! context uses them): one per link name, reused by later lists.
@@ -75,15 +76,16 @@ pub(crate) struct Context {
     pub(crate) dp: Mutex<Option<verbs::Context>>,
     /// Asynchronous events; its eventfd is `async_fd`.
     pub(crate) events: Arc<AsyncShared>,
-    /// The objects made on it: `ibv_close_device` is EBUSY while any lives.
-    pub(crate) users: Users,
+    /// Its QPs (`ibv_close_device` is EBUSY while any is live), and
+    /// whether it is closed (it takes no more objects then).
+    pub(crate) qps: Users,
     /// Raises the port events; stopped at close.
     pub(crate) monitor: Mutex<Option<PortMonitor>>,
 }
 
 impl Parent for Context {
     fn users(&self) -> &Users {
-        &self.users
+        &self.qps
     }
 }
 
@@ -111,6 +113,11 @@ impl Context {
         let mut dp = self.dp.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(d) = dp.as_ref() {
             return Ok(d.clone());
+        }
+        // Closed (`ibv_close_device` marks it under this lock before it
+        // drops the data path): none is started again.
+        if self.qps.is_closed() {
+            return Err(libc::EINVAL);
         }
         // RDMA_XDP_POLLING=spin: the data path thread spins on the rings
         // like a NIC (takes a core); adaptive (the default) sleeps in
@@ -165,8 +172,14 @@ pub(crate) fn our_context(ctx: *mut ibv_context) -> Option<Arc<Context>> {
     CONTEXTS.get(ctx.wrapping_byte_sub(offset_of!(verbs_context, context)))
 }
 
-/// A counted hold on the live context behind `ctx`, for an object made on
-/// it; None if it is not a live context.
+/// The open context behind `ctx`, for an object made on it; None if it is
+/// not a live context or is being closed.
+pub(crate) fn open_context(ctx: *mut ibv_context) -> Option<Arc<Context>> {
+    our_context(ctx).filter(|c| !c.qps.is_closed())
+}
+
+/// A counted hold on the open context behind `ctx`, for a QP made on it;
+/// None if it is not a live context or is being closed.
 pub(crate) fn hold_context(ctx: *mut ibv_context) -> Option<Held<Context>> {
     Held::new(our_context(ctx)?)
 }
@@ -175,7 +188,7 @@ pub(crate) fn hold_context(ctx: *mut ibv_context) -> Option<Held<Context>> {
 pub(crate) struct Pd {
     pub(crate) pd: CShared<ibv_pd>,
     pub(crate) inner: verbs::Pd,
-    pub(crate) ctx: Held<Context>,
+    pub(crate) ctx: Arc<Context>,
 }
 
 impl Pd {
@@ -189,7 +202,7 @@ impl Pd {
 pub(crate) struct Mr {
     pub(crate) mr: CShared<ibv_mr>,
     pub(crate) inner: Mutex<Option<verbs::Mr>>,
-    pub(crate) ctx: Held<Context>,
+    pub(crate) ctx: Arc<Context>,
 }
 
 #[repr(C)]
@@ -205,7 +218,7 @@ pub(crate) struct Cq {
     /// Events acknowledged (`ibv_ack_cq_events`), written to
     /// `cq.comp_events_completed` under this lock.
     pub(crate) events_acked: Mutex<u32>,
-    pub(crate) ctx: Held<Context>,
+    pub(crate) ctx: Arc<Context>,
 }
 
 #[repr(C)]
@@ -218,7 +231,7 @@ pub(crate) struct Channel {
     /// CQs using it, written to `ch.refcnt` under this lock:
     /// destroying the channel is EBUSY while there are any.
     pub(crate) cqs: Mutex<c_int>,
-    pub(crate) ctx: Held<Context>,
+    pub(crate) ctx: Arc<Context>,
 }
 
 #[repr(C)]
@@ -260,14 +273,14 @@ pub(crate) struct Srq {
     pub(crate) max_sge: u32,
     /// QPs attached: destroying the SRQ is EBUSY meanwhile.
     pub(crate) users: AtomicU32,
-    pub(crate) ctx: Held<Context>,
+    pub(crate) ctx: Arc<Context>,
 }
 
 #[repr(C)]
 pub(crate) struct Ah {
     pub(crate) ah: CShared<ibv_ah>,
     pub(crate) inner: verbs::Ah,
-    pub(crate) ctx: Held<Context>,
+    pub(crate) ctx: Arc<Context>,
 }
 
 pub(crate) static PDS: Live<Pd> = Live::new();

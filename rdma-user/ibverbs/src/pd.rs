@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use rdma_user::memory::Access;
 
 use crate::ffi::*;
-use crate::objects::{hold_context, CShared, Mr, Pd, MRS, PDS};
+use crate::objects::{open_context, CShared, Mr, Pd, MRS, PDS};
 use crate::{err_ptr, guard};
 
 /// # Safety
@@ -17,7 +17,7 @@ use crate::{err_ptr, guard};
 #[no_mangle]
 pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
     guard(ptr::null_mut(), || {
-        let Some(ctx) = hold_context(context) else {
+        let Some(ctx) = open_context(context) else {
             return err_ptr(libc::EINVAL);
         };
         let dp = match ctx.data_path() {
@@ -42,10 +42,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     guard(libc::EIO, || {
-        PDS.destroy(pd, libc::EINVAL, |_| Ok(()))
-            .map(|o| o.ctx.release())
-            .err()
-            .unwrap_or(0)
+        PDS.destroy(pd, libc::EINVAL, |_| Ok(())).err().unwrap_or(0)
     })
 }
 
@@ -108,7 +105,7 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
             Ok(a) => a,
             Err(e) => return err_ptr(e),
         };
-        let Some(ctx) = hold_context(p.context()) else {
+        let Some(ctx) = open_context(p.context()) else {
             return err_ptr(libc::EINVAL);
         };
         // SAFETY: ibv_reg_mr's contract: the memory stays the caller's and
@@ -146,7 +143,6 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
             let inner = m.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
             inner.map_or(Ok(()), |i| i.dereg().map_err(|e| e.errno()))
         })
-        .map(|o| o.ctx.release())
         .err()
         .unwrap_or(0)
     })

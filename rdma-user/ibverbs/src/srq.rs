@@ -12,7 +12,7 @@ use rdma_user::device::rings::SrqShared;
 use rdma_user::transport::MAX_SGE;
 
 use crate::ffi::*;
-use crate::objects::{hold_context, CShared, Srq, PDS, SRQS};
+use crate::objects::{open_context, CShared, Srq, PDS, SRQS};
 use crate::{err_ptr, guard};
 
 /// # Safety
@@ -36,7 +36,7 @@ pub unsafe extern "C" fn ibv_create_srq(
         if want.max_wr == 0 || want.max_wr > 16384 || want.max_sge as usize > MAX_SGE {
             return err_ptr(libc::EINVAL);
         }
-        let Some(ctx) = hold_context(p.context()) else {
+        let Some(ctx) = open_context(p.context()) else {
             return err_ptr(libc::EINVAL);
         };
         // Its address is its token in async events.
@@ -137,7 +137,6 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
                 Ok(())
             }
         })
-        .map(|o| o.ctx.release())
         .err()
         .unwrap_or(0)
     })

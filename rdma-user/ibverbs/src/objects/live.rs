@@ -299,6 +299,11 @@ impl Users {
         }
     }
 
+    /// Whether the parent is closed.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.0.load(Ordering::Acquire) & CLOSED != 0
+    }
+
     /// How many objects use the parent now.
     #[cfg(test)]
     fn count(&self) -> usize {
@@ -658,7 +663,9 @@ mod tests {
         assert_eq!(Arc::strong_count(&p), 2);
         drop(b);
         assert_eq!(Arc::strong_count(&p), 1);
+        assert!(!p.0.is_closed());
         assert_eq!(p.0.close(), Ok(()));
+        assert!(p.0.is_closed());
         assert_eq!(p.0.close(), Err(NotClosed::Closed));
         assert!(Held::new(p.clone()).is_none());
         assert_eq!(p.0.count(), 0);
