@@ -333,7 +333,7 @@ impl<P: Parent> Held<P> {
         })
     }
 
-    /// The object is destroyed: it no longer counts (once, however often
+    /// The object is destroyed: it stops counting (once, however often
     /// this is called); the parent stays in memory while the object does.
     pub(crate) fn release(&self) {
         if self.counted.swap(false, Ordering::AcqRel) {
