@@ -8,7 +8,7 @@
 //!   as long as the caller holds it, even if another thread destroys it
 //!   meanwhile (it is then out of the table: later lookups miss).
 //! - [`Users`] and [`Held`]: a parent that counts the objects made on it
-//!   (a context its PDs, CQs, QPs, ...) and cannot close while any lives.
+//!   (a context its QPs) and cannot close while any lives.
 //! - [`Boxes<T>`]: a set of leaked boxes, for objects that are not
 //!   reference counted (rdma_cm's ids and event channels).
 //! - [`CShared<T>`]: rdma-core's struct at the head of each object, which
@@ -252,8 +252,8 @@ fn remember<T>(table: u64, addr: usize, removals: u64, o: &Arc<T>) {
     }
 }
 
-/// The count of the objects made on a parent (a context's PDs, MRs, CQs,
-/// QPs, ...), and whether the parent is closed: a parent with objects does
+/// The count of the objects made on a parent (a context's QPs), and
+/// whether the parent is closed: a parent with objects does
 /// not close, a closed one takes no more.
 pub(crate) struct Users(AtomicUsize);
 
