@@ -7,35 +7,22 @@
 
 use std::ffi::c_int;
 use std::ptr;
+use std::sync::Arc;
 
-use rdma_user::device::datapath::{gid_of, gid_to_ip};
 use rdma_user::transport::GRH_LEN;
-use rdma_user::verbs;
+use rdma_user::wire::{gid_of, gid_to_ip};
 
-use crate::device::{gid_table, our_context};
 use crate::ffi::*;
-use crate::verbs::{err_ptr, path_of, Live, Pd, PDS};
-use crate::{guard, set_errno};
-
-static AHS: Live = Live::new();
-
-#[repr(C)]
-struct Ah {
-    ah: ibv_ah,
-    inner: verbs::Ah,
-}
-
-/// The data path's handle of a live AH of ours, for a UD send.
-pub(crate) fn ah_handle(ah: *mut ibv_ah) -> Option<u32> {
-    AHS.get::<Ah, _>(ah).map(|a| a.inner.handle)
-}
+use crate::objects::{open_context, our_context, Ah, CShared, AHS, PDS};
+use crate::port::{gid_table, path_of};
+use crate::{err_ptr, guard, set_errno};
 
 /// # Safety
 /// `pd` is a PD; `attr` points to an AH attr.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
     guard(ptr::null_mut(), || {
-        let Some(p) = PDS.get::<Pd, _>(pd) else {
+        let Some(p) = PDS.get(pd) else {
             return err_ptr(libc::EINVAL);
         };
         if attr.is_null() {
@@ -46,26 +33,25 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
         if a.is_global == 0 || a.port_num > 1 {
             return err_ptr(libc::EINVAL);
         }
-        let Some(ctx) = our_context(p.pd.context) else {
+        let Some(ctx) = open_context(p.context()) else {
             return err_ptr(libc::EINVAL);
         };
-        let path = match path_of(ctx, a) {
+        let path = match path_of(ctx.netdev(), a) {
             Ok(x) => x,
             Err(e) => return err_ptr(e),
         };
         match p.inner.create_ah(path) {
-            Ok(inner) => {
-                let b = Box::into_raw(Box::new(Ah {
-                    ah: ibv_ah {
-                        context: p.pd.context,
+            Ok(inner) => AHS
+                .add(Arc::new(Ah {
+                    ah: CShared::new(ibv_ah {
+                        context: p.context(),
                         pd,
                         handle: inner.handle,
-                    },
+                    }),
                     inner,
-                }));
-                AHS.add(b);
-                b as *mut ibv_ah
-            }
+                    ctx,
+                }))
+                .cast(),
             Err(e) => err_ptr(e.errno()),
         }
     })
@@ -76,7 +62,11 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     guard(libc::EIO, || {
-        AHS.destroy::<Ah, _>(ah, |a| a.inner.destroy().map_err(|e| e.errno()))
+        AHS.destroy(ah, libc::EINVAL, |a| {
+            a.inner.destroy().map_err(|e| e.errno())
+        })
+        .err()
+        .unwrap_or(0)
     })
 }
 
@@ -171,12 +161,12 @@ pub unsafe extern "C" fn ibv_create_ah_from_wc(
     port_num: u8,
 ) -> *mut ibv_ah {
     guard(ptr::null_mut(), || {
-        let Some(p) = PDS.get::<Pd, _>(pd) else {
+        let Some(p) = PDS.get(pd) else {
             return err_ptr(libc::EINVAL);
         };
         let mut attr = ibv_ah_attr::default();
         // SAFETY: the same contract; attr is ours.
-        if unsafe { ibv_init_ah_from_wc(p.pd.context, port_num, wc, grh, &mut attr) } != 0 {
+        if unsafe { ibv_init_ah_from_wc(p.context(), port_num, wc, grh, &mut attr) } != 0 {
             return ptr::null_mut();
         }
         // SAFETY: a PD of ours and an attr we filled.

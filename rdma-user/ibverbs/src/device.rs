@@ -1,38 +1,24 @@
-//! Devices and contexts: the device list, `ibv_open_device`, and the
-//! device, port and GID queries, answered as rxe answers them for the same
-//! interface (transport InfiniBand, link layer Ethernet, RoCE v2 GIDs).
+//! Devices and contexts: the device list, `ibv_open_device` and
+//! `ibv_close_device`, and the device, port and GID queries, answered as
+//! rxe answers them for the same interface (transport InfiniBand, link
+//! layer Ethernet, RoCE v2 GIDs).
 
-use std::collections::HashSet;
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::mem::{offset_of, size_of};
-use std::net::IpAddr;
 use std::ptr;
 use std::sync::{Arc, Mutex};
 
-use rdma_user::device::rings::AsyncShared;
-
 use rdma_user::control::links::{self, Link};
-use rdma_user::io::hostnet::{iface_addrs, iface_mac};
+use rdma_user::device::rings::AsyncShared;
+use rdma_user::io::hostnet::iface_mac;
 
 use crate::ffi::*;
+use crate::objects::{our_context, CShared, Context, Device, NotClosed, Users, CONTEXTS, DEVICES};
+use crate::port::{eui64, gid_table, port_attr, PortMonitor, GID_TBL_LEN};
 use crate::{guard, set_errno};
 
 /// rxe's vendor id: perftest takes its generic (non-mlx5, non-EFA) path.
-pub const VENDOR_ID: u32 = 0xff_ffff;
-/// GID table length, as rxe's (`RXE_PORT_GID_TBL_LEN`).
-pub const GID_TBL_LEN: c_int = 1024;
-
-/// A device: rdma-core's struct first, so that the `*mut ibv_device` the
-/// program holds is a `*mut Device`.
-#[repr(C)]
-pub struct Device {
-    dev: ibv_device,
-    link: Link,
-}
-
-/// Devices live for the process (rdma-core's may outlive their list while a
-/// context uses them); one per link name, reused by later lists.
-static DEVICES: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+pub(crate) const VENDOR_ID: u32 = 0xff_ffff;
 
 fn copy_cstr(dst: &mut [c_char], s: &str) {
     let room = dst.len() - 1;
@@ -41,19 +27,16 @@ fn copy_cstr(dst: &mut [c_char], s: &str) {
     }
 }
 
-fn device_for(link: &Link) -> *mut Device {
+/// The device of `link`: the one made for it before, or a new one.
+fn device_for(link: &Link) -> &'static Device {
     let mut devs = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
-    for &d in devs.iter() {
-        // SAFETY: every address in DEVICES is a leaked Box<Device>.
-        let dev = unsafe { &*(d as *const Device) };
-        if dev.link == *link {
-            return d as *mut Device;
-        }
+    if let Some(d) = devs.iter().find(|d| d.link == *link) {
+        return d;
     }
-    let mut dev = Box::new(Device {
+    let mut dev = Device {
         dev: ibv_device::default(),
         link: link.clone(),
-    });
+    };
     dev.dev.node_type = IBV_NODE_CA;
     dev.dev.transport_type = IBV_TRANSPORT_IB;
     copy_cstr(&mut dev.dev.name, &link.name);
@@ -66,24 +49,9 @@ fn device_for(link: &Link) -> *mut Device {
         &mut dev.dev.ibdev_path,
         &format!("/sys/class/infiniband/{}", link.name),
     );
-    let p = Box::into_raw(dev);
-    devs.push(p as usize);
-    p
-}
-
-/// rdma-core's node GUID for a MAC: the EUI-64 (as rxe's); also the CM's
-/// CA GUID.
-pub(crate) fn eui64(mac: [u8; 6]) -> [u8; 8] {
-    [
-        mac[0] ^ 2,
-        mac[1],
-        mac[2],
-        0xff,
-        0xfe,
-        mac[3],
-        mac[4],
-        mac[5],
-    ]
+    let d: &'static Device = Box::leak(Box::new(dev));
+    devs.push(d);
+    d
 }
 
 /// # Safety
@@ -100,7 +68,7 @@ pub unsafe extern "C" fn ibv_get_device_list(num: *mut c_int) -> *mut *mut ibv_d
         };
         let list: Vec<*mut ibv_device> = links
             .iter()
-            .map(|l| device_for(l) as *mut ibv_device)
+            .map(|l| device_for(l) as *const Device as *mut ibv_device)
             .collect();
         null_terminated(list, num)
     })
@@ -145,9 +113,9 @@ pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
 /// Our device behind a program's pointer, if it is one of ours.
 fn our_device(d: *mut ibv_device) -> Option<&'static Device> {
     let devs = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
-    // SAFETY: addresses in DEVICES are leaked Box<Device>, never freed.
-    devs.contains(&(d as usize))
-        .then(|| unsafe { &*(d as *const Device) })
+    devs.iter()
+        .find(|x| ptr::eq(**x as *const Device, d as *const Device))
+        .copied()
 }
 
 /// # Safety
@@ -181,47 +149,6 @@ pub(crate) fn netdev_of(device: *mut ibv_device) -> Option<String> {
     our_device(device).map(|d| d.link.netdev.clone())
 }
 
-/// An open device: rdma-core's `verbs_context` (which ends with the
-/// `ibv_context` the program holds) first, then ours.
-#[repr(C)]
-pub struct Context {
-    vctx: verbs_context,
-    dev: &'static Device,
-    /// The data path, started by the first PD or CQ.
-    pub(crate) dp: Mutex<Option<rdma_user::verbs::Context>>,
-    /// Asynchronous events; its eventfd is `async_fd`.
-    pub(crate) events: Arc<AsyncShared>,
-    /// Raises the port events; stopped at close.
-    _monitor: Option<crate::events::PortMonitor>,
-}
-
-impl Context {
-    pub(crate) fn netdev(&self) -> &str {
-        &self.dev.link.netdev
-    }
-
-    /// The port's active MTU in bytes (a UD QP's datagram limit).
-    pub(crate) fn port_mtu(&self) -> u32 {
-        128 << port_attr(self.dev).active_mtu
-    }
-}
-
-static CONTEXTS: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
-
-/// Our context behind a program's `ibv_context`, if it is a live one.
-pub(crate) fn our_context(ctx: *mut ibv_context) -> Option<&'static Context> {
-    if ctx.is_null() {
-        return None;
-    }
-    let c = (ctx as usize).wrapping_sub(offset_of!(verbs_context, context));
-    let live = CONTEXTS.lock().unwrap_or_else(|e| e.into_inner());
-    // SAFETY: the address is in the live set, so it is a Box<Context> we
-    // have not freed yet.
-    live.as_ref()?
-        .contains(&c)
-        .then(|| unsafe { &*(c as *const Context) })
-}
-
 /// # Safety
 /// `device` is NULL or a device pointer.
 #[no_mangle]
@@ -242,50 +169,83 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
                 return ptr::null_mut();
             }
         };
-        let mut c = Box::new(Context {
-            vctx: verbs_context::default(),
-            dev,
-            dp: Mutex::new(None),
-            _monitor: crate::events::PortMonitor::start(&dev.link.netdev, events.clone()),
-            events,
-        });
-        c.vctx.sz = size_of::<verbs_context>();
-        c.vctx.query_port = Some(query_port_ex);
-        c.vctx.create_qp_ex = Some(crate::verbs::create_qp_ex);
-        let ctx = &mut c.vctx.context;
-        crate::verbs::set_ops(&mut ctx.ops);
+        let mut vctx = verbs_context {
+            sz: size_of::<verbs_context>(),
+            query_port: Some(query_port_ex),
+            create_qp_ex: Some(crate::qp::create_qp_ex),
+            ..Default::default()
+        };
+        let ctx = &mut vctx.context;
+        set_ops(&mut ctx.ops);
         ctx.device = device;
         ctx.cmd_fd = -1;
-        ctx.async_fd = c.events.fd();
+        ctx.async_fd = events.fd();
         ctx.num_comp_vectors = 1;
         // verbs_get_ctx() takes the extended layout only with this marker.
         ctx.abi_compat = usize::MAX as *mut c_void;
-        let p = Box::into_raw(c);
-        CONTEXTS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_or_insert_with(HashSet::new)
-            .insert(p as usize);
-        // SAFETY: p is the Box we just leaked.
-        unsafe { ptr::addr_of_mut!((*p).vctx.context) }
+        let c = Arc::new(Context {
+            vctx: CShared::new(vctx),
+            dev,
+            dp: Mutex::new(None),
+            qps: Users::new(),
+            monitor: Mutex::new(PortMonitor::start(&dev.link.netdev, events.clone())),
+            events,
+        });
+        let ibv = c.ibv();
+        CONTEXTS.add(c);
+        ibv
     })
 }
 
+/// Fills a new context's ops table: the data-path calls programs make
+/// inline.
+fn set_ops(ops: &mut ibv_context_ops) {
+    ops.poll_cq = Some(crate::cq::poll_cq);
+    ops.req_notify_cq = Some(crate::cq::req_notify_cq);
+    ops.post_send = Some(crate::post::post_send);
+    ops.post_recv = Some(crate::post::post_recv);
+    ops.post_srq_recv = Some(crate::post::post_srq_recv);
+}
+
+/// Closes a context: EBUSY (also in errno) while a QP made on it is live,
+/// and then nothing changes (the program can destroy its QPs and close
+/// again). Without QPs it closes: no object can be made on it any more,
+/// its port monitor stops, and so does its data path once no object
+/// still uses it; objects left on it (perftest's `ib_send_bw` client
+/// never destroys its receive CQ) keep its memory and can still be
+/// destroyed.
+///
+/// rdma-core's `ibv_close_device` always returns 0: rxe's `free_context`
+/// closes the command fd (the kernel then destroys every object of the
+/// context) and frees the context, which the program's objects still
+/// point to, so a later call on one (`ibv_modify_qp`, `ibv_destroy_qp`)
+/// reads freed memory.
+///
 /// # Safety
 /// `context` is NULL or a context pointer.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
-    let Some(c) = our_context(context) else {
-        return libc::EINVAL;
-    };
-    let p = c as *const Context as usize;
-    if let Some(live) = CONTEXTS.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
-        live.remove(&p);
-    }
-    // SAFETY: it was live, so it is a leaked Box<Context>, freed once (just
-    // removed from the live set).
-    drop(unsafe { Box::from_raw(p as *mut Context) });
-    0
+    guard(libc::EIO, || {
+        let Some(c) = our_context(context) else {
+            return libc::EINVAL;
+        };
+        match c.qps.close() {
+            Ok(()) => {}
+            Err(NotClosed::Busy(_)) => {
+                set_errno(libc::EBUSY);
+                return libc::EBUSY;
+            }
+            // Another thread closed it meanwhile.
+            Err(NotClosed::Closed) => return libc::EINVAL,
+        }
+        // The context's own handle on its data path and the port monitor
+        // go now; its memory with the last reference (the table's, an
+        // object's, or that of a call of another thread).
+        drop(c.dp.lock().unwrap_or_else(|e| e.into_inner()).take());
+        drop(c.monitor.lock().unwrap_or_else(|e| e.into_inner()).take());
+        drop(CONTEXTS.remove(Arc::as_ptr(&c)));
+        0
+    })
 }
 
 /// # Safety
@@ -303,7 +263,7 @@ pub unsafe extern "C" fn ibv_query_device(
     }
     let mut a = ibv_device_attr::default();
     copy_cstr(&mut a.fw_ver, env!("CARGO_PKG_VERSION"));
-    let guid = iface_mac(&c.dev.link.netdev).map(eui64).unwrap_or_default();
+    let guid = iface_mac(c.netdev()).map(eui64).unwrap_or_default();
     a.node_guid = u64::from_ne_bytes(guid);
     a.sys_image_guid = a.node_guid;
     // What the data path enforces (device::datapath::Limits), not more.
@@ -338,43 +298,6 @@ pub unsafe extern "C" fn ibv_query_device(
     0
 }
 
-/// The IB MTU rxe gives a netdev MTU.
-pub fn active_mtu(netdev_mtu: u32) -> ibv_mtu {
-    match rdma_user::io::hostnet::port_mtu(netdev_mtu) {
-        4096 => IBV_MTU_4096,
-        2048 => IBV_MTU_2048,
-        1024 => IBV_MTU_1024,
-        512 => IBV_MTU_512,
-        _ => IBV_MTU_256,
-    }
-}
-
-fn port_attr(dev: &Device) -> ibv_port_attr {
-    let sys = |a: &str| {
-        std::fs::read_to_string(format!("/sys/class/net/{}/{a}", dev.link.netdev))
-            .unwrap_or_default()
-    };
-    let mtu: u32 = sys("mtu").trim().parse().unwrap_or(1500);
-    let up = matches!(sys("operstate").trim(), "up" | "unknown");
-    let mut a = ibv_port_attr {
-        state: if up { IBV_PORT_ACTIVE } else { IBV_PORT_DOWN },
-        max_mtu: IBV_MTU_4096,
-        active_mtu: active_mtu(mtu),
-        gid_tbl_len: GID_TBL_LEN,
-        port_cap_flags: IBV_PORT_CM_SUP,
-        max_msg_sz: 1 << 31,
-        pkey_tbl_len: 1,
-        max_vl_num: 1,
-        active_width: 1,
-        active_speed: 1,
-        ..Default::default()
-    };
-    // phys_state: 5 LinkUp, 3 Disabled.
-    a.phys_state = if up { 5 } else { 3 };
-    a.link_layer = IBV_LINK_LAYER_ETHERNET as u8;
-    a
-}
-
 /// `verbs_context.query_port`: writes no more than the caller's size.
 unsafe extern "C" fn query_port_ex(
     context: *mut ibv_context,
@@ -391,7 +314,7 @@ unsafe extern "C" fn query_port_ex(
     if attr.is_null() {
         return libc::EINVAL;
     }
-    let a = port_attr(c.dev);
+    let a = port_attr(c.netdev());
     let n = len.min(size_of::<ibv_port_attr>());
     // SAFETY: the caller's buffer holds `len` bytes; we copy at most that.
     unsafe {
@@ -415,37 +338,12 @@ pub unsafe extern "C" fn ibv_query_port(
     unsafe { query_port_ex(context, port, attr, offset_of!(ibv_port_attr, flags) + 1) }
 }
 
-/// The GID table: 0 the link-local GID from the MAC, then each IPv4
-/// address mapped (::ffff:a.b.c.d), then each global IPv6 address.
-pub fn gid_table(netdev: &str) -> Vec<[u8; 16]> {
-    let mut v = Vec::new();
-    if let Ok(mac) = iface_mac(netdev) {
-        let mut g = [0u8; 16];
-        g[0] = 0xfe;
-        g[1] = 0x80;
-        g[8..].copy_from_slice(&eui64(mac));
-        v.push(g);
-    }
-    let addrs = iface_addrs(netdev).unwrap_or_default();
-    for a in &addrs {
-        if let IpAddr::V4(a4) = a {
-            v.push(rdma_user::wire::gid_of((*a4).into()));
-        }
-    }
-    for a in &addrs {
-        if let IpAddr::V6(a6) = a {
-            v.push(a6.octets());
-        }
-    }
-    v
-}
-
 fn gid_at(context: *mut ibv_context, port: u8, index: c_int) -> Result<Option<[u8; 16]>, c_int> {
     let c = our_context(context).ok_or(libc::EINVAL)?;
     if port != 1 || !(0..GID_TBL_LEN).contains(&index) {
         return Err(libc::EINVAL);
     }
-    Ok(gid_table(&c.dev.link.netdev).get(index as usize).copied())
+    Ok(gid_table(c.netdev()).get(index as usize).copied())
 }
 
 /// # Safety
@@ -526,11 +424,10 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
     };
     match gid_at(context, port as u8, index as c_int) {
         Ok(Some(g)) => {
-            let ifindex =
-                std::fs::read_to_string(format!("/sys/class/net/{}/ifindex", c.dev.link.netdev))
-                    .ok()
-                    .and_then(|s| s.trim().parse().ok())
-                    .unwrap_or(0);
+            let ifindex = std::fs::read_to_string(format!("/sys/class/net/{}/ifindex", c.netdev()))
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(0);
             let e = ibv_gid_entry {
                 gid: ibv_gid { raw: g },
                 gid_index: index,
@@ -677,19 +574,6 @@ pub extern "C" fn mbps_to_ibv_rate(mbps: c_int) -> ibv_rate {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn mtu_and_guid_as_rxe() {
-        assert_eq!(active_mtu(1500), IBV_MTU_1024);
-        assert_eq!(active_mtu(9000), IBV_MTU_4096);
-        assert_eq!(active_mtu(4000), IBV_MTU_2048);
-        assert_eq!(active_mtu(576), IBV_MTU_256);
-        // rxe's node_guid for 52:54:00:99:00:02 is 5054:00ff:fe99:0002.
-        assert_eq!(
-            eui64([0x52, 0x54, 0, 0x99, 0, 2]),
-            [0x50, 0x54, 0, 0xff, 0xfe, 0x99, 0, 2]
-        );
-    }
 
     #[test]
     fn old_port_attr_ends_after_link_layer() {

@@ -5,146 +5,39 @@
 //! through the same checks and rings as `ibv_post_send`, or
 //! `ibv_wr_abort` drops it.
 //!
-//! The batch's storage is allocated with the QP (its send queue depth):
-//! building and posting allocate nothing.
+//! The batch (`objects::Batch`) is allocated with the QP (its send queue
+//! depth): building and posting allocate nothing.
 
 use std::ffi::{c_int, c_void};
 
 use rdma_user::transport::{MAX_INLINE, MAX_SGE};
 
 use crate::ffi::*;
-use crate::verbs::{post_batch, with_batch};
+use crate::objects::{Batch, PendingWr, QPS};
+use crate::post::post_batch;
 
-/// One WR being built.
-pub(crate) struct PendingWr {
-    wr_id: u64,
-    opcode: ibv_wr_opcode,
-    flags: u32,
-    imm: u32,
-    remote_addr: u64,
-    rkey: u32,
-    compare_add: u64,
-    swap: u64,
-    sges: [ibv_sge; MAX_SGE],
-    num_sge: usize,
-    inline: [u8; MAX_INLINE],
-    inline_len: usize,
-    /// The SGE over `inline` that `as_send_wr` hands the post path.
-    inline_sge: ibv_sge,
-}
-
-impl PendingWr {
-    /// The WR as `ibv_post_send` takes it (pointing into `self`).
-    pub(crate) fn as_send_wr(&mut self) -> ibv_send_wr {
-        let mut w = ibv_send_wr {
-            wr_id: self.wr_id,
-            opcode: self.opcode,
-            send_flags: self.flags,
-            ..Default::default()
-        };
-        if self.flags & IBV_SEND_INLINE != 0 {
-            self.inline_sge = ibv_sge {
-                addr: self.inline.as_ptr() as u64,
-                length: self.inline_len as u32,
-                lkey: 0,
-            };
-            w.sg_list = &mut self.inline_sge;
-            w.num_sge = 1;
-        } else {
-            w.sg_list = self.sges.as_mut_ptr();
-            w.num_sge = self.num_sge as c_int;
-        }
-        w.__bindgen_anon_1.imm_data = self.imm;
-        match self.opcode {
-            IBV_WR_ATOMIC_CMP_AND_SWP | IBV_WR_ATOMIC_FETCH_AND_ADD => {
-                w.wr.atomic = ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
-                    remote_addr: self.remote_addr,
-                    compare_add: self.compare_add,
-                    swap: self.swap,
-                    rkey: self.rkey,
-                };
-            }
-            _ => {
-                w.wr.rdma = ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
-                    remote_addr: self.remote_addr,
-                    rkey: self.rkey,
-                };
-            }
-        }
-        w
-    }
-}
-
-/// A QP's WRs between `ibv_wr_start` and `ibv_wr_complete`.
-pub(crate) struct Batch {
-    pub(crate) wrs: Vec<PendingWr>,
-    /// The first misuse (more WRs than the queue holds, too many SGEs or
-    /// inline bytes): `ibv_wr_complete` returns it and posts nothing.
-    pub(crate) error: Option<c_int>,
-}
-
-impl Batch {
-    pub(crate) fn with_capacity(depth: u32) -> Batch {
-        Batch {
-            wrs: Vec::with_capacity(depth as usize),
-            error: None,
-        }
-    }
-
-    fn start(&mut self, qpx: &ibv_qp_ex, opcode: ibv_wr_opcode) -> Option<&mut PendingWr> {
-        if self.wrs.len() == self.wrs.capacity() {
-            // Beyond the send queue's depth: refused as a full queue.
-            self.error.get_or_insert(libc::ENOMEM);
-            return None;
-        }
-        self.wrs.push(PendingWr {
-            wr_id: qpx.wr_id,
-            opcode,
-            flags: qpx.wr_flags,
-            imm: 0,
-            remote_addr: 0,
-            rkey: 0,
-            compare_add: 0,
-            swap: 0,
-            sges: [ibv_sge::default(); MAX_SGE],
-            num_sge: 0,
-            inline: [0; MAX_INLINE],
-            inline_len: 0,
-            inline_sge: ibv_sge::default(),
-        });
-        self.wrs.last_mut()
-    }
-
-    /// The WR the data calls fill: the last one started.
-    fn current(&mut self) -> Option<&mut PendingWr> {
-        if self.wrs.is_empty() {
-            self.error.get_or_insert(libc::EINVAL);
-        }
-        self.wrs.last_mut()
-    }
-
-    fn fail(&mut self, e: c_int) {
-        self.error.get_or_insert(e);
-    }
+/// The `ibv_wr_*` calls' way in: `f` on the batch of the live QP behind
+/// `qpx`, with the `wr_id` and `wr_flags` the program set in it.
+fn with_batch<R>(qpx: *mut ibv_qp_ex, f: impl FnOnce(&mut Batch, u64, u32) -> R) -> Option<R> {
+    let q = QPS.get(qpx)?;
+    // SAFETY: fields of the live QP's own struct, which the program sets
+    // before each builder call (on this thread, by the ibv_wr_* contract).
+    let (wr_id, wr_flags) = unsafe { ((*q.qpx.get()).wr_id, (*q.qpx.get()).wr_flags) };
+    let mut b = q.batch.lock().unwrap_or_else(|e| e.into_inner());
+    Some(f(&mut b, wr_id, wr_flags))
 }
 
 /// Starts a WR of `opcode` on `qpx` and lets `f` fill its remote part.
 fn begin(qpx: *mut ibv_qp_ex, opcode: ibv_wr_opcode, f: impl FnOnce(&mut PendingWr)) {
-    if qpx.is_null() {
-        return;
-    }
-    // SAFETY: a QP's ibv_qp_ex, as ibv_qp_to_qp_ex handed it out; only
-    // wr_id and wr_flags are read.
-    let q = unsafe { &*qpx };
-    with_batch(qpx, |b| {
-        if let Some(w) = b.start(q, opcode) {
+    with_batch(qpx, |b, wr_id, wr_flags| {
+        if let Some(w) = b.start(wr_id, wr_flags, opcode) {
             f(w);
         }
     });
 }
 
 unsafe extern "C" fn wr_start(qpx: *mut ibv_qp_ex) {
-    with_batch(qpx, |b| {
+    with_batch(qpx, |b, _, _| {
         b.wrs.clear();
         b.error = None;
     });
@@ -155,7 +48,7 @@ unsafe extern "C" fn wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
 }
 
 unsafe extern "C" fn wr_abort(qpx: *mut ibv_qp_ex) {
-    with_batch(qpx, |b| {
+    with_batch(qpx, |b, _, _| {
         b.wrs.clear();
         b.error = None;
     });
@@ -229,7 +122,7 @@ unsafe extern "C" fn wr_atomic_fetch_add(
 }
 
 unsafe extern "C" fn wr_set_sge(qpx: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
-    with_batch(qpx, |b| {
+    with_batch(qpx, |b, _, _| {
         if let Some(w) = b.current() {
             w.sges[0] = ibv_sge { addr, length, lkey };
             w.num_sge = 1;
@@ -239,7 +132,7 @@ unsafe extern "C" fn wr_set_sge(qpx: *mut ibv_qp_ex, lkey: u32, addr: u64, lengt
 }
 
 unsafe extern "C" fn wr_set_sge_list(qpx: *mut ibv_qp_ex, n: usize, list: *const ibv_sge) {
-    with_batch(qpx, |b| {
+    with_batch(qpx, |b, _, _| {
         if n > MAX_SGE || (n > 0 && list.is_null()) {
             return b.fail(libc::EINVAL);
         }
@@ -258,7 +151,7 @@ unsafe extern "C" fn wr_set_sge_list(qpx: *mut ibv_qp_ex, n: usize, list: *const
 
 /// Appends `bufs` to the current WR's inline data.
 fn set_inline(qpx: *mut ibv_qp_ex, bufs: &[(*const u8, usize)]) {
-    with_batch(qpx, |b| {
+    with_batch(qpx, |b, _, _| {
         let total: usize = bufs.iter().map(|x| x.1).sum();
         if total > MAX_INLINE || bufs.iter().any(|x| x.0.is_null() && x.1 > 0) {
             return b.fail(libc::EINVAL);
@@ -290,7 +183,7 @@ unsafe extern "C" fn wr_set_inline_data_list(
     list: *const ibv_data_buf,
 ) {
     if n > MAX_SGE || (n > 0 && list.is_null()) {
-        with_batch(qpx, |b| b.fail(libc::EINVAL));
+        with_batch(qpx, |b, _, _| b.fail(libc::EINVAL));
         return;
     }
     let mut bufs = [(std::ptr::null::<u8>(), 0usize); MAX_SGE];
@@ -308,7 +201,7 @@ unsafe extern "C" fn wr_set_inline_data_list(
 /// addressing, XRC, atomic write): the batch fails with EOPNOTSUPP
 /// (`ibv_create_qp_ex` refuses to promise these send ops anyway).
 fn unsupported(qpx: *mut ibv_qp_ex) {
-    with_batch(qpx, |b| b.fail(libc::EOPNOTSUPP));
+    with_batch(qpx, |b, _, _| b.fail(libc::EOPNOTSUPP));
 }
 
 unsafe extern "C" fn wr_unsupported_inv(qpx: *mut ibv_qp_ex, _rkey: u32) {
@@ -334,7 +227,7 @@ unsafe extern "C" fn wr_unsupported_ud(
     _qpn: u32,
     _qkey: u32,
 ) {
-    with_batch(qpx, |b| b.fail(libc::EOPNOTSUPP));
+    with_batch(qpx, |b, _, _| b.fail(libc::EOPNOTSUPP));
 }
 
 unsafe extern "C" fn wr_unsupported_atomic_write(

@@ -106,10 +106,6 @@ impl Path {
     }
 }
 
-// The GID conversions live with the wire formats; the drop-in library
-// still reaches them here.
-pub use crate::wire::{gid_of, gid_to_ip};
-
 /// What `connect_qp` needs besides the path. `Connect::new` gives
 /// perftest's and rc_pingpong's attributes (timeout 14, retry_cnt 7).
 #[derive(Debug, Clone, Copy)]

@@ -322,11 +322,30 @@ int main(int argc, char **argv)
 	CHECK("destroy_srq", ibv_destroy_srq(srq) == 0, "");
 	CHECK("destroy_srq twice is EINVAL", ibv_destroy_srq(srq) == EINVAL, "");
 
+	/* Closing a device with a live QP: EBUSY, and nothing changes: the QP
+	 * keeps working, and once it is destroyed the device closes. Objects
+	 * other than QPs do not keep it open (perftest's ib_send_bw client
+	 * closes with its receive CQ left): they stay usable until destroyed.
+	 * rdma-core returns 0 in both cases: rxe's free_context closes the
+	 * command fd (the kernel destroys the objects) and frees the context,
+	 * which the program's objects still point to, so a later call on one
+	 * reads freed memory. */
+	qp = rc_qp(pd, cq, 2, 2);
+	CHECK("create_qp", qp != NULL, "errno %d", errno);
+	errno = 0;
+	CHECK("close_device with a live QP is EBUSY", ibv_close_device(ctx) == EBUSY && errno == EBUSY, "errno %d",
+	      errno);
+	CHECK("modify_qp after it", to_init(qp) == 0 && qp->state == IBV_QPS_INIT, "state %d", qp->state);
+	struct ibv_device_attr da;
+	CHECK("query_device after it", ibv_query_device(ctx, &da) == 0, "");
+	CHECK("destroy_qp after it", ibv_destroy_qp(qp) == 0, "");
+
 	CHECK("dereg_mr", ibv_dereg_mr(mr) == 0, "");
 	CHECK("dereg_mr twice is EINVAL", ibv_dereg_mr(mr) == EINVAL, "");
-	CHECK("destroy_cq", ibv_destroy_cq(cq) == 0, "");
 	CHECK("dealloc_pd", ibv_dealloc_pd(pd) == 0, "");
-	CHECK("close_device", ibv_close_device(ctx) == 0, "");
+	CHECK("close_device with only a CQ left", ibv_close_device(ctx) == 0, "");
+	CHECK("destroy_cq after it", ibv_destroy_cq(cq) == 0, "");
+	CHECK("close_device twice is EINVAL", ibv_close_device(ctx) == EINVAL, "");
 	ibv_free_device_list(list);
 	printf("all ok\n");
 	return failed;

@@ -6,7 +6,7 @@ use std::ptr;
 
 use libc::{sockaddr, sockaddr_in, sockaddr_in6, sockaddr_storage, AF_INET, AF_INET6};
 
-use rdma_user::device::datapath::gid_of;
+use rdma_user::wire::gid_of;
 
 use super::abi::*;
 use crate::ffi::{ibv_gid, IBV_QPT_RC, IBV_QPT_UD};

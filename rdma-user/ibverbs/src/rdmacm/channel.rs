@@ -13,7 +13,7 @@ use rdma_user::wire::cm::*;
 
 use super::abi::*;
 use super::state::{err, LIVE_IDS};
-use crate::verbs::Live;
+use crate::objects::Boxes;
 use crate::{guard, set_errno};
 
 #[repr(C)]
@@ -67,7 +67,7 @@ pub(super) struct ChannelRef(*mut Channel);
 
 impl ChannelRef {
     fn get(ch: *mut rdma_event_channel) -> Option<ChannelRef> {
-        CHANNELS.get_with::<Channel, _, _>(ch, |c| {
+        CHANNELS.with(ch, |c| {
             c.users.lock().unwrap_or_else(|e| e.into_inner()).n += 1;
             ChannelRef(c as *const Channel as *mut Channel)
         })
@@ -104,7 +104,7 @@ pub(super) struct Event {
     pub(super) data: [u8; MAD_LEN],
 }
 
-static CHANNELS: Live = Live::new();
+static CHANNELS: Boxes<Channel> = Boxes::new();
 
 /// Events handed out and acknowledged, per id (rdma_cm counts an event
 /// of a connection request on its listener): `rdma_destroy_id` waits for
@@ -177,7 +177,9 @@ pub(super) fn new_channel() -> Result<*mut Channel, c_int> {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .retain(|&(d, _)| d != p as usize);
-    CHANNELS.add(p);
+    // SAFETY: a fresh box, the set's from now on (`free_channel` takes it
+    // out before `release_channel` frees it).
+    unsafe { CHANNELS.add(p) };
     Ok(p)
 }
 
@@ -339,8 +341,7 @@ pub unsafe extern "C" fn rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int {
         unsafe {
             count_event(event_owner(&*event), false);
             let id = (*event).id;
-            if !id.is_null() && LIVE_IDS.get::<rdma_cm_id, _>(id).is_some() && (*id).event == event
-            {
+            if !id.is_null() && LIVE_IDS.contains(id) && (*id).event == event {
                 (*id).event = ptr::null_mut();
             }
             drop(Box::from_raw(event as *mut Event));

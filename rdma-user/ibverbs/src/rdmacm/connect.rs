@@ -13,8 +13,8 @@ use super::resolve::bind;
 use super::service::{id_call, sync_call};
 use super::state::{devices_with_addrs, mtu_code, trace, Cm};
 use super::translate::zero_conn;
-use crate::device::our_context;
 use crate::ffi::*;
+use crate::objects::our_context;
 
 /// The user's private data, checked against what fits.
 fn private(p: *const c_void, len: u8, room: usize) -> Result<Vec<u8>, c_int> {

@@ -132,7 +132,7 @@ pub unsafe extern "C" fn rdma_destroy_ep(id: *mut rdma_cm_id) {
         unsafe {
             rdma_destroy_qp(id);
             if own_pd && !(*id).pd.is_null() {
-                crate::verbs::ibv_dealloc_pd((*id).pd);
+                crate::pd::ibv_dealloc_pd((*id).pd);
             }
         }
         destroy_id_inner(id);

@@ -46,7 +46,8 @@ pub unsafe extern "C" fn rdma_create_id(
         // SAFETY: the new id.
         unsafe { (*p).channel = ch };
         with_cm(|cm| cm.ids.insert(p as usize, id_state(sync)));
-        LIVE_IDS.add(p);
+        // SAFETY: a fresh box from `new_id`, the set's from now on.
+        unsafe { LIVE_IDS.add(p) };
         // SAFETY: the caller's out pointer.
         unsafe { *id = p };
         0
@@ -81,7 +82,7 @@ pub(super) fn destroy_id_inner(id: *mut rdma_cm_id) -> c_int {
     if st.as_ref().is_some_and(|s| s.sync) {
         free_channel(ch);
     }
-    LIVE_IDS.destroy::<rdma_cm_id, _>(id, |_| Ok(()));
+    LIVE_IDS.destroy(id);
     0
 }
 

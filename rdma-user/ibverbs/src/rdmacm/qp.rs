@@ -44,7 +44,7 @@ pub(super) fn create_qp(
         let have = unsafe { (*id).pd };
         if have.is_null() {
             // SAFETY: our context.
-            let p = unsafe { crate::verbs::ibv_alloc_pd(verbs) };
+            let p = unsafe { crate::pd::ibv_alloc_pd(verbs) };
             if p.is_null() {
                 return -1;
             }
@@ -59,7 +59,7 @@ pub(super) fn create_qp(
     // SAFETY: our context and a live id of ours.
     let made = unsafe { fill_id_cqs(verbs, id, (&mut a.send_cq, &mut a.recv_cq), a.cap) };
     // SAFETY: our PD and the local copy of the attributes.
-    let qp = made.and_then(|()| made_or_errno(unsafe { crate::verbs::ibv_create_qp(pd, a) }));
+    let qp = made.and_then(|()| made_or_errno(unsafe { crate::qp::ibv_create_qp(pd, a) }));
     let qp = match qp {
         Ok(q) => q,
         Err(e) => {
@@ -67,7 +67,7 @@ pub(super) fn create_qp(
             unsafe {
                 destroy_id_cqs(id);
                 if own_pd {
-                    crate::verbs::ibv_dealloc_pd(pd);
+                    crate::pd::ibv_dealloc_pd(pd);
                 }
             }
             return err(e);
@@ -90,7 +90,7 @@ pub(super) fn create_qp(
     if let Err(e) = r {
         // SAFETY: the QP we just made, and the id's CQs.
         unsafe {
-            crate::verbs::ibv_destroy_qp(qp);
+            crate::qp::ibv_destroy_qp(qp);
             (*id).qp = ptr::null_mut();
             destroy_id_cqs(id);
         }
@@ -150,15 +150,14 @@ unsafe fn make_id_cq(
     }
     // SAFETY: as the caller promises.
     unsafe {
-        let ch = made_or_errno(crate::verbs::ibv_create_comp_channel(verbs))?;
+        let ch = made_or_errno(crate::cq::ibv_create_comp_channel(verbs))?;
         let (cq_slot, ch_slot) = if send {
             (&mut (*id).send_cq, &mut (*id).send_cq_channel)
         } else {
             (&mut (*id).recv_cq, &mut (*id).recv_cq_channel)
         };
         *ch_slot = ch;
-        let cq =
-            crate::verbs::ibv_create_cq(verbs, depth.max(1) as c_int, id as *mut c_void, ch, 0);
+        let cq = crate::cq::ibv_create_cq(verbs, depth.max(1) as c_int, id as *mut c_void, ch, 0);
         *cq_slot = made_or_errno(cq)?;
     }
     Ok(())
@@ -174,13 +173,13 @@ unsafe fn destroy_id_cqs(id: *mut rdma_cm_id) {
     unsafe {
         for cq in [&mut (*id).send_cq, &mut (*id).recv_cq] {
             if !cq.is_null() {
-                crate::verbs::ibv_destroy_cq(*cq);
+                crate::cq::ibv_destroy_cq(*cq);
                 *cq = ptr::null_mut();
             }
         }
         for ch in [&mut (*id).send_cq_channel, &mut (*id).recv_cq_channel] {
             if !ch.is_null() {
-                crate::verbs::ibv_destroy_comp_channel(*ch);
+                crate::cq::ibv_destroy_comp_channel(*ch);
                 *ch = ptr::null_mut();
             }
         }
@@ -223,7 +222,7 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
         let made = unsafe { fill_id_cqs(verbs, id, (&mut a.send_cq, &mut a.recv_cq), a.cap) };
         let qp =
             // SAFETY: our context and the caller's attr.
-            made.and_then(|()| made_or_errno(unsafe { crate::verbs::create_qp_ex(verbs, attr) }));
+            made.and_then(|()| made_or_errno(unsafe { crate::qp::create_qp_ex(verbs, attr) }));
         let qp = match qp {
             Ok(q) => q,
             Err(e) => {
@@ -243,7 +242,7 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
             Err(e) => {
                 // SAFETY: the QP we just made, and the id's CQs.
                 unsafe {
-                    crate::verbs::ibv_destroy_qp(qp);
+                    crate::qp::ibv_destroy_qp(qp);
                     (*id).qp = ptr::null_mut();
                     destroy_id_cqs(id);
                 }
@@ -264,7 +263,7 @@ pub unsafe extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
         // SAFETY: a live id of ours, its QP and the CQs made for it.
         unsafe {
             if !(*id).qp.is_null() {
-                crate::verbs::ibv_destroy_qp((*id).qp);
+                crate::qp::ibv_destroy_qp((*id).qp);
                 (*id).qp = ptr::null_mut();
             }
             destroy_id_cqs(id);

@@ -5,9 +5,10 @@ use std::ffi::{c_int, c_void};
 use std::net::{IpAddr, SocketAddr};
 
 use rdma_user::cm::*;
-use rdma_user::device::datapath::{entropy, gid_of, Path};
+use rdma_user::device::datapath::{entropy, Path};
 use rdma_user::io::hostnet::{iface_mac, resolve_mac};
 use rdma_user::wire::cm::*;
+use rdma_user::wire::gid_of;
 
 use super::abi::*;
 use super::addr::*;

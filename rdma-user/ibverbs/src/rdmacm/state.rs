@@ -10,18 +10,20 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use rdma_user::cm::*;
-use rdma_user::device::datapath::{entropy, gid_of};
+use rdma_user::device::datapath::entropy;
 use rdma_user::device::gsi::{Gsi, GsiOut};
 use rdma_user::io::hostnet::{iface_addrs, iface_mac};
 use rdma_user::verbs;
 use rdma_user::wire::cm::*;
+use rdma_user::wire::gid_of;
 use rdma_user::wire::RoceRepr;
 
 use super::abi::*;
-use crate::device::{gid_table, our_context};
 use crate::ffi::*;
+use crate::objects::our_context;
+use crate::objects::Boxes;
+use crate::port::gid_table;
 use crate::set_errno;
-use crate::verbs::Live;
 
 /// Returns -1 with errno `e` (librdmacm's convention).
 pub(super) fn err(e: c_int) -> c_int {
@@ -36,10 +38,10 @@ pub(super) fn trace() -> bool {
 }
 
 /// The ids this library handed out and has not destroyed.
-pub(super) static LIVE_IDS: Live = Live::new();
+pub(super) static LIVE_IDS: Boxes<rdma_cm_id> = Boxes::new();
 
 pub(super) fn live_id(id: *mut rdma_cm_id) -> bool {
-    LIVE_IDS.get::<rdma_cm_id, _>(id).is_some()
+    LIVE_IDS.contains(id)
 }
 
 /// What this library keeps of an id beside rdma_cm's struct.
@@ -184,7 +186,7 @@ impl Cm {
         let ctx = unsafe { crate::device::ibv_open_device(device) };
         let c = our_context(ctx).ok_or(libc::ENODEV)?;
         let opened = (|| {
-            let dp = crate::verbs::data_path(c)?;
+            let dp = c.data_path()?;
             let gsi = Arc::new(Gsi::new().map_err(|e| e.raw_os_error().unwrap_or(libc::ENOMEM))?);
             dp.set_gsi(Some(gsi.clone())).map_err(|e| e.errno())?;
             let mac = iface_mac(netdev).map_err(|_| libc::ENODEV)?;
@@ -203,7 +205,7 @@ impl Cm {
             .and_then(|v| v.parse().ok())
             .unwrap_or(20);
         let agent = CmAgent::new(CmConfig {
-            ca_guid: u64::from_be_bytes(crate::device::eui64(mac)),
+            ca_guid: u64::from_be_bytes(crate::port::eui64(mac)),
             response_timeout,
             max_retries: 15,
             tid_high: std::process::id(),
@@ -342,7 +344,7 @@ impl Cm {
         }
         let (mut a, mask) = self.qp_attr(id, state)?;
         // SAFETY: the id's QP (ours) and a local attr.
-        match unsafe { crate::verbs::ibv_modify_qp(qp, &mut a, mask) } {
+        match unsafe { crate::qp::ibv_modify_qp(qp, &mut a, mask) } {
             0 => Ok(()),
             e => Err(e),
         }

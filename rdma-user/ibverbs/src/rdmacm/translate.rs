@@ -284,7 +284,8 @@ impl Cm {
             }
         };
         self.ids.insert(child as usize, st);
-        LIVE_IDS.add(child);
+        // SAFETY: a fresh box from `new_id`, the set's from now on.
+        unsafe { LIVE_IDS.add(child) };
         self.by_conn.insert((dev, comm), child as usize);
         let mut e = e;
         e.ev.listen_id = lp;

@@ -4,11 +4,12 @@
 use std::sync::Arc;
 
 use super::xdp_responder;
-use super::{gid_of, CcConfig, Connect, Core, Path, Result};
+use super::{CcConfig, Connect, Core, Path, Result};
 use crate::device::error::DeviceError;
 use crate::device::rings::{QpRings, SrqShared};
 use crate::memory::Access;
 use crate::transport::{QpAttr, QpCap, QpEngine, QpState, QpType, Wc, WcOpcode};
+use crate::wire::gid_of;
 use crate::wire::RoceRepr;
 
 pub(super) struct QpSlot {

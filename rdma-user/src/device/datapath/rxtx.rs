@@ -7,8 +7,9 @@ use std::net::IpAddr;
 use rdma_common::OpFlags;
 
 use super::xdp_responder;
-use super::{gid_of, Core, Path, Result};
+use super::{Core, Path, Result};
 use crate::transport::{grh_of, Nanos, QpState, QpType, WcOpcode};
+use crate::wire::gid_of;
 use crate::wire::{udp_sport_for_ud, IpRepr, RoceRepr, WireError, ICRC_LEN};
 
 /// The longest network header a frame gets: Ethernet, one VLAN tag,
