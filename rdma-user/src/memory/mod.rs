@@ -148,19 +148,22 @@ pub enum Backing {
     Raw(RawBuf),
 }
 
-/// A zero-filled heap allocation, reached only through its raw pointer
-/// (never through the `Box` it came from), freed on drop.
+/// A zero-filled heap allocation of whole `u64`s (so that the region's
+/// start is 8-byte aligned, as atomics need and as a mapping's pages are),
+/// reached only through its raw pointer (never through the `Box` it came
+/// from), freed on drop.
 pub struct HeapBuf {
-    ptr: std::ptr::NonNull<u8>,
+    ptr: std::ptr::NonNull<u64>,
+    words: usize,
     len: usize,
 }
 
 impl Drop for HeapBuf {
     fn drop(&mut self) {
-        let slice = std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len);
-        // SAFETY: `ptr` and `len` come from `Box::into_raw` of a `[u8]` of
-        // `len` bytes in `Backing::heap`, and this is the only place that
-        // frees it (`HeapBuf` is neither `Clone` nor `Copy`).
+        let slice = std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.words);
+        // SAFETY: `ptr` and `words` come from `Box::into_raw` of a `[u64]`
+        // of `words` elements in `Backing::heap`, and this is the only
+        // place that frees it (`HeapBuf` is neither `Clone` nor `Copy`).
         drop(unsafe { Box::from_raw(slice) });
     }
 }
@@ -181,13 +184,14 @@ unsafe impl Send for Backing {}
 impl Backing {
     /// `len` zero bytes on the heap.
     pub fn heap(len: usize) -> Backing {
-        let b: Box<[u8]> = vec![0u8; len].into_boxed_slice();
-        let len = b.len();
-        let ptr = Box::into_raw(b) as *mut u8;
+        let words = len.div_ceil(8);
+        let b: Box<[u64]> = vec![0u64; words].into_boxed_slice();
+        let ptr = Box::into_raw(b).cast::<u64>();
         Backing::Heap(HeapBuf {
             // A boxed slice's pointer is never null (dangling but non-null
             // when empty).
             ptr: std::ptr::NonNull::new(ptr).expect("Box pointer is non-null"),
+            words,
             len,
         })
     }
@@ -205,7 +209,7 @@ impl Backing {
 
     fn as_ptr(&self) -> *mut u8 {
         match self {
-            Backing::Heap(h) => h.ptr.as_ptr(),
+            Backing::Heap(h) => h.ptr.as_ptr().cast::<u8>(),
             Backing::Raw(r) => r.ptr,
         }
     }
