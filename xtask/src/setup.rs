@@ -88,17 +88,21 @@ fn prereqs_for(install: bool, for_tests: bool, for_demo: bool) -> Result<()> {
                 ));
             }
         }
-        let nightly_clippy = have(
+        let installed = have(
             "rustup",
             &["component", "list", "--installed", "--toolchain", "nightly"],
         )
-        .map(|s| s.lines().any(|l| l.starts_with("clippy")))
-        .unwrap_or(false);
-        if !nightly_clippy {
-            missing.push((
-                "clippy for nightly (lints the eBPF crate): rustup component add clippy --toolchain nightly".into(),
-                Box::new(|| sh(Command::new("rustup").args(["component", "add", "clippy", "--toolchain", "nightly"]))),
-            ));
+        .unwrap_or_default();
+        for (component, why) in [
+            ("clippy", "lints the eBPF crate"),
+            ("miri", "runs the object and MR tables under Miri"),
+        ] {
+            if !installed.lines().any(|l| l.starts_with(component)) {
+                missing.push((
+                    format!("{component} for nightly ({why}): rustup component add {component} --toolchain nightly"),
+                    Box::new(move || sh(Command::new("rustup").args(["component", "add", component, "--toolchain", "nightly"]))),
+                ));
+            }
         }
     }
     let linker = have("bpf-linker", &["--version"]).unwrap_or_default();
