@@ -802,7 +802,10 @@ mod tests {
             }
         };
         let mut backoff = Backoff::eager(true);
-        backoff.after_poll_waiting(clock(), false, None, &mut fds, &bell, true, seen, || false);
+        // The thread's turn ends as the first poll is published: a turn
+        // that starts later (this thread preempted under load) must not
+        // find the hold already over before it could look.
+        backoff.after_poll_waiting(first.1, false, None, &mut fds, &bell, true, seen, || false);
         let mut polls = program.join().unwrap();
         polls.push(first);
         let last_look = looked.load(SeqCst);
