@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use crossbeam_queue::ArrayQueue;
 use rdma_user::device::rings::CqShared;
-use rdma_user::transport::{Wc, WcOpcode, WcStatus};
+use rdma_user::transport::{NetworkType, Wc, WcOpcode, WcStatus};
 
 use crate::ffi::*;
 use crate::objects::{open_context, CShared, Channel, Cq, CHANNELS, CQS};
@@ -221,11 +221,18 @@ fn ibv_wc_of(w: &Wc) -> ibv_wc {
         wc.__bindgen_anon_1.imm_data = imm.to_be();
         wc.wc_flags = IBV_WC_WITH_IMM;
     }
-    if w.grh {
-        // UD: RoCE has no LIDs or SLs (slid, sl, dlid_path_bits stay 0,
-        // as rxe reports them).
+    if let Some(net) = w.grh {
+        // UD: RoCE has no LIDs (slid and dlid_path_bits stay 0). `sl`
+        // carries the packet type as mlx5 reports it for RoCE (bit 3 UDP,
+        // bits 2..0 the L3 header: 2 IPv4, 1 IPv6); UCX's ud_verbs reads it
+        // to find the destination address in the GRH bytes, and drops the
+        // datagram if it is 0 (RoCE v1's GRH). rxe leaves it 0.
         wc.wc_flags |= IBV_WC_GRH;
         wc.src_qp = w.src_qp;
+        wc.sl = match net {
+            NetworkType::Ipv4 => 0x8 | 0x2,
+            NetworkType::Ipv6 => 0x8 | 0x1,
+        };
     }
     wc
 }

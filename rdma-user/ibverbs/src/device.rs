@@ -5,12 +5,15 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::mem::{offset_of, size_of};
+use std::os::unix::ffi::OsStrExt;
 use std::ptr;
 use std::sync::{Arc, Mutex};
 
+use rdma_user::control::ibdev;
 use rdma_user::control::links::{self, Link};
 use rdma_user::device::rings::AsyncShared;
 use rdma_user::io::hostnet::iface_mac;
+use rdma_user::transport::MAX_SGE;
 
 use crate::ffi::*;
 use crate::objects::{our_context, CShared, Context, Device, NotClosed, Users, CONTEXTS, DEVICES};
@@ -27,8 +30,9 @@ fn copy_cstr(dst: &mut [c_char], s: &str) {
     }
 }
 
-/// The device of `link`: the one made for it before, or a new one.
-fn device_for(link: &Link) -> &'static Device {
+/// The device of `link`, the `index`-th of the list: the one made for it
+/// before, or a new one.
+fn device_for(link: &Link, index: usize) -> &'static Device {
     let mut devs = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(d) = devs.iter().find(|d| d.link == *link) {
         return d;
@@ -40,10 +44,13 @@ fn device_for(link: &Link) -> &'static Device {
     dev.dev.node_type = IBV_NODE_CA;
     dev.dev.transport_type = IBV_TRANSPORT_IB;
     copy_cstr(&mut dev.dev.name, &link.name);
-    copy_cstr(&mut dev.dev.dev_name, &format!("uverbs-{}", link.name));
+    // The names of the kernel's uverbs device and its sysfs directory,
+    // which `rdma-xdp exec` shows (control::ibdev).
+    let uverbs = ibdev::uverbs_name(index);
+    copy_cstr(&mut dev.dev.dev_name, &uverbs);
     copy_cstr(
         &mut dev.dev.dev_path,
-        &format!("/sys/class/infiniband_verbs/uverbs-{}", link.name),
+        &format!("/sys/class/infiniband_verbs/{uverbs}"),
     );
     copy_cstr(
         &mut dev.dev.ibdev_path,
@@ -68,7 +75,8 @@ pub unsafe extern "C" fn ibv_get_device_list(num: *mut c_int) -> *mut *mut ibv_d
         };
         let list: Vec<*mut ibv_device> = links
             .iter()
-            .map(|l| device_for(l) as *const Device as *mut ibv_device)
+            .enumerate()
+            .map(|(i, l)| device_for(l, i) as *const Device as *mut ibv_device)
             .collect();
         null_terminated(list, num)
     })
@@ -278,8 +286,15 @@ pub unsafe extern "C" fn ibv_query_device(
         | IBV_DEVICE_RC_RNR_NAK_GEN
         | IBV_DEVICE_PORT_ACTIVE_EVENT
         | IBV_DEVICE_SYS_IMAGE_GUID;
-    a.max_sge = 32;
-    a.max_sge_rd = 32;
+    // What ibv_create_qp and ibv_post_* accept (engines size their WRs
+    // from these).
+    a.max_sge = MAX_SGE as c_int;
+    a.max_sge_rd = MAX_SGE as c_int;
+    // SRQs: no count of their own beyond memory; one per QP is the most a
+    // program can use.
+    a.max_srq = limits.max_qp as c_int;
+    a.max_srq_wr = crate::srq::MAX_SRQ_WR as c_int;
+    a.max_srq_sge = MAX_SGE as c_int;
     a.max_cq = limits.max_cq as c_int;
     a.max_cqe = 32767;
     a.max_mr = limits.max_mr as c_int;
@@ -397,6 +412,22 @@ pub unsafe extern "C" fn ibv_query_gid_type(
     }
 }
 
+/// The GID entry at `index` of port 1, `None` where the table is empty.
+fn gid_entry(c: &Context, index: u32) -> Option<ibv_gid_entry> {
+    let g = *gid_table(c.netdev()).get(index as usize)?;
+    let ifindex = std::fs::read_to_string(format!("/sys/class/net/{}/ifindex", c.netdev()))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
+    Some(ibv_gid_entry {
+        gid: ibv_gid { raw: g },
+        gid_index: index,
+        port_num: 1,
+        gid_type: IBV_GID_TYPE_ROCE_V2,
+        ndev_ifindex: ifindex,
+    })
+}
+
 /// `ibv_query_gid_ex`: ENODATA for an empty entry, as rdma-core.
 ///
 /// # Safety
@@ -410,53 +441,130 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
     flags: u32,
     entry_size: usize,
 ) -> c_int {
-    if entry.is_null()
-        || flags != 0
-        || entry_size < size_of::<ibv_gid_entry>()
-        || port > 255
-        || index > c_int::MAX as u32
-    {
+    if entry.is_null() || flags != 0 || entry_size < size_of::<ibv_gid_entry>() {
         return libc::EINVAL;
     }
-    let c = match our_context(context) {
-        Some(c) => c,
-        None => return libc::EINVAL,
+    let Some(c) = our_context(context) else {
+        return libc::EINVAL;
     };
-    match gid_at(context, port as u8, index as c_int) {
-        Ok(Some(g)) => {
-            let ifindex = std::fs::read_to_string(format!("/sys/class/net/{}/ifindex", c.netdev()))
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
-                .unwrap_or(0);
-            let e = ibv_gid_entry {
-                gid: ibv_gid { raw: g },
-                gid_index: index,
-                port_num: port,
-                gid_type: IBV_GID_TYPE_ROCE_V2,
-                ndev_ifindex: ifindex,
-            };
+    if port != 1 || index >= GID_TBL_LEN as u32 {
+        return libc::EINVAL;
+    }
+    match gid_entry(&c, index) {
+        Some(e) => {
             // SAFETY: the caller's entry is at least this big (checked).
             unsafe { entry.write(e) };
             0
         }
-        Ok(None) => libc::ENODATA,
-        Err(e) => e,
+        None => libc::ENODATA,
     }
 }
 
-/// rdma-core reads sysfs files of kernel devices; ours have none.
+/// `ibv_query_gid_table`: every valid GID of every port, `entry_size`
+/// bytes apart; their number, or a negative errno (EINVAL for bad
+/// arguments or too small an array, as rdma-core).
 ///
 /// # Safety
-/// Pointers as rdma-core's.
+/// `context` is a context; `entries` holds `max_entries` entries of
+/// `entry_size` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn _ibv_query_gid_table(
+    context: *mut ibv_context,
+    entries: *mut ibv_gid_entry,
+    max_entries: usize,
+    flags: u32,
+    entry_size: usize,
+) -> isize {
+    if entries.is_null() || flags != 0 || entry_size < size_of::<ibv_gid_entry>() {
+        return -(libc::EINVAL as isize);
+    }
+    let Some(c) = our_context(context) else {
+        return -(libc::EINVAL as isize);
+    };
+    let table: Vec<ibv_gid_entry> = (0..GID_TBL_LEN as u32)
+        .map_while(|i| gid_entry(&c, i))
+        .collect();
+    if table.len() > max_entries {
+        return -(libc::EINVAL as isize);
+    }
+    for (i, e) in table.iter().enumerate() {
+        // SAFETY: entry i lies within the caller's array (i < max_entries,
+        // each entry_size bytes); written unaligned since entry_size may
+        // exceed our struct's size.
+        unsafe {
+            entries
+                .cast::<u8>()
+                .add(i * entry_size)
+                .cast::<ibv_gid_entry>()
+                .write_unaligned(*e)
+        };
+    }
+    table.len() as isize
+}
+
+/// Where sysfs is: `$SYSFS_PATH` without its trailing slashes, or `/sys`
+/// (rdma-core's rule; the variable is ignored in a setuid program).
+#[no_mangle]
+pub extern "C" fn ibv_get_sysfs_path() -> *const c_char {
+    static PATH: std::sync::OnceLock<std::ffi::CString> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        // SAFETY: getuid/geteuid have no preconditions.
+        let setuid = unsafe { libc::getuid() != libc::geteuid() };
+        let p = std::env::var("SYSFS_PATH")
+            .ok()
+            .filter(|_| !setuid)
+            .map(|p| p.trim_end_matches('/').to_string())
+            .filter(|p| !p.is_empty() && !p.contains('\0'))
+            .unwrap_or_else(|| "/sys".into());
+        std::ffi::CString::new(p).unwrap_or_default()
+    })
+    .as_ptr()
+}
+
+/// Reads `dir/file` into `buf` as rdma-core does: at most `size` bytes,
+/// the trailing newline replaced by a NUL; the length read, or -1 with
+/// errno. (Under `rdma-xdp exec` the files of our devices exist.)
+///
+/// # Safety
+/// `dir` and `file` are C strings; `buf` holds `size` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_read_sysfs_file(
-    _dir: *const c_char,
-    _file: *const c_char,
-    _buf: *mut c_char,
-    _size: usize,
+    dir: *const c_char,
+    file: *const c_char,
+    buf: *mut c_char,
+    size: usize,
 ) -> c_int {
-    set_errno(libc::ENOENT);
-    -1
+    if dir.is_null() || file.is_null() || buf.is_null() || size == 0 {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    // SAFETY: the caller's C strings.
+    let (d, f) = unsafe {
+        (
+            std::ffi::CStr::from_ptr(dir),
+            std::ffi::CStr::from_ptr(file),
+        )
+    };
+    let path = std::path::Path::new(std::ffi::OsStr::from_bytes(d.to_bytes()))
+        .join(std::ffi::OsStr::from_bytes(f.to_bytes()));
+    let data = match std::fs::read(&path) {
+        Ok(d) => d,
+        Err(e) => {
+            set_errno(e.raw_os_error().unwrap_or(libc::EIO));
+            return -1;
+        }
+    };
+    let n = data.len().min(size);
+    // SAFETY: `buf` holds `size` bytes and n <= size.
+    let out = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), size) };
+    out[..n].copy_from_slice(&data[..n]);
+    if n < size {
+        out[n] = 0;
+    }
+    if n > 0 && out[n - 1] == b'\n' {
+        out[n - 1] = 0;
+    }
+    n as c_int
 }
 
 /// The P_Key table: one entry, the default full-member P_Key 0xffff.
@@ -517,6 +625,26 @@ pub extern "C" fn ibv_port_state_str(s: ibv_port_state) -> *const c_char {
 #[no_mangle]
 pub extern "C" fn ibv_fork_init() -> c_int {
     0
+}
+
+/// `IBV_FORK_UNNEEDED`: a fork never breaks this library's memory (see
+/// `ibv_fork_init`), so a program need not prepare for it.
+#[no_mangle]
+pub extern "C" fn ibv_is_fork_initialized() -> c_int {
+    2
+}
+
+/// The device's index: its place in the device list, from 1 (the kernel
+/// numbers its RDMA devices from 1 too); -1 for a pointer not ours.
+///
+/// # Safety
+/// `device` is NULL or a device pointer.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_index(device: *mut ibv_device) -> c_int {
+    let devs = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
+    devs.iter()
+        .position(|x| ptr::eq(*x as *const Device, device as *const Device))
+        .map_or(-1, |i| i as c_int + 1)
 }
 
 /// (rate, link-width multiple of 2.5 Gb/s, Mb/s), as rdma-core's tables.

@@ -4,25 +4,27 @@
 //! link comes or goes, as rxe raises them from netdev notifications.
 
 use std::ffi::c_int;
-use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use rdma_user::control::ibdev;
 use rdma_user::device::datapath::Path;
 use rdma_user::device::rings::{AsyncEvent, AsyncShared};
-use rdma_user::io::hostnet::{iface_addrs, iface_mac, resolve_mac};
+use rdma_user::io::hostnet::{iface_mac, resolve_mac};
 use rdma_user::wire::gid_to_ip;
 
 use crate::ffi::*;
 
 /// GID table length, as rxe's (`RXE_PORT_GID_TBL_LEN`).
-pub(crate) const GID_TBL_LEN: c_int = 1024;
+pub(crate) const GID_TBL_LEN: c_int = ibdev::GID_TBL_LEN as c_int;
 
-/// The IB MTU rxe gives a netdev MTU.
-pub(crate) fn active_mtu(netdev_mtu: u32) -> ibv_mtu {
-    match rdma_user::io::hostnet::port_mtu(netdev_mtu) {
+pub(crate) use rdma_user::control::ibdev::{eui64, gid_table};
+
+/// The IB MTU enum for an MTU in bytes.
+fn mtu_enum(bytes: u32) -> ibv_mtu {
+    match bytes {
         4096 => IBV_MTU_4096,
         2048 => IBV_MTU_2048,
         1024 => IBV_MTU_1024,
@@ -33,15 +35,11 @@ pub(crate) fn active_mtu(netdev_mtu: u32) -> ibv_mtu {
 
 /// The port's attributes, as rxe reports them for `netdev`.
 pub(crate) fn port_attr(netdev: &str) -> ibv_port_attr {
-    let sys = |a: &str| {
-        std::fs::read_to_string(format!("/sys/class/net/{netdev}/{a}")).unwrap_or_default()
-    };
-    let mtu: u32 = sys("mtu").trim().parse().unwrap_or(1500);
-    let up = matches!(sys("operstate").trim(), "up" | "unknown");
+    let up = ibdev::port_active(netdev);
     let mut a = ibv_port_attr {
         state: if up { IBV_PORT_ACTIVE } else { IBV_PORT_DOWN },
         max_mtu: IBV_MTU_4096,
-        active_mtu: active_mtu(mtu),
+        active_mtu: mtu_enum(ibdev::active_mtu(netdev)),
         gid_tbl_len: GID_TBL_LEN,
         port_cap_flags: IBV_PORT_CM_SUP,
         max_msg_sz: 1 << 31,
@@ -57,46 +55,6 @@ pub(crate) fn port_attr(netdev: &str) -> ibv_port_attr {
     a
 }
 
-/// rdma-core's node GUID for a MAC: the EUI-64 (as rxe's); also the CM's
-/// CA GUID.
-pub(crate) fn eui64(mac: [u8; 6]) -> [u8; 8] {
-    [
-        mac[0] ^ 2,
-        mac[1],
-        mac[2],
-        0xff,
-        0xfe,
-        mac[3],
-        mac[4],
-        mac[5],
-    ]
-}
-
-/// The GID table: 0 the link-local GID from the MAC, then each IPv4
-/// address mapped (::ffff:a.b.c.d), then each global IPv6 address.
-pub(crate) fn gid_table(netdev: &str) -> Vec<[u8; 16]> {
-    let mut v = Vec::new();
-    if let Ok(mac) = iface_mac(netdev) {
-        let mut g = [0u8; 16];
-        g[0] = 0xfe;
-        g[1] = 0x80;
-        g[8..].copy_from_slice(&eui64(mac));
-        v.push(g);
-    }
-    let addrs = iface_addrs(netdev).unwrap_or_default();
-    for a in &addrs {
-        if let IpAddr::V4(a4) = a {
-            v.push(rdma_user::wire::gid_of((*a4).into()));
-        }
-    }
-    for a in &addrs {
-        if let IpAddr::V6(a6) = a {
-            v.push(a6.octets());
-        }
-    }
-    v
-}
-
 /// The network path to the GID in `ah`, from our GID at its source index:
 /// the peer's MAC from the kernel's neighbour table (resolved if missing).
 pub(crate) fn path_of(netdev: &str, a: &ibv_ah_attr) -> Result<Path, c_int> {
@@ -108,11 +66,20 @@ pub(crate) fn path_of(netdev: &str, a: &ibv_ah_attr) -> Result<Path, c_int> {
     if local_ip.is_ipv4() != peer_ip.is_ipv4() {
         return Err(libc::EINVAL);
     }
+    if dgid == [0; 16] {
+        return Err(libc::EINVAL);
+    }
     let local_mac = iface_mac(netdev).map_err(|_| libc::ENODEV)?;
-    let peer_mac = resolve_mac(netdev, peer_ip, Duration::from_secs(3)).map_err(|e| {
-        eprintln!("libibverbs (rdma-xdp): {e:#}");
-        libc::EHOSTUNREACH
-    })?;
+    // A GID of our own is reached through our own MAC, as the kernel
+    // resolves a local address (UCX probes each GID this way).
+    let peer_mac = if gids.contains(&dgid) {
+        local_mac
+    } else {
+        resolve_mac(netdev, peer_ip, Duration::from_secs(3)).map_err(|e| {
+            eprintln!("libibverbs (rdma-xdp): {e:#}");
+            libc::EHOSTUNREACH
+        })?
+    };
     Ok(Path {
         local_mac,
         peer_mac,
@@ -293,10 +260,11 @@ mod tests {
 
     #[test]
     fn mtu_and_guid_as_rxe() {
-        assert_eq!(active_mtu(1500), IBV_MTU_1024);
-        assert_eq!(active_mtu(9000), IBV_MTU_4096);
-        assert_eq!(active_mtu(4000), IBV_MTU_2048);
-        assert_eq!(active_mtu(576), IBV_MTU_256);
+        let port = rdma_user::io::hostnet::port_mtu;
+        assert_eq!(mtu_enum(port(1500)), IBV_MTU_1024);
+        assert_eq!(mtu_enum(port(9000)), IBV_MTU_4096);
+        assert_eq!(mtu_enum(port(4000)), IBV_MTU_2048);
+        assert_eq!(mtu_enum(port(576)), IBV_MTU_256);
         // rxe's node_guid for 52:54:00:99:00:02 is 5054:00ff:fe99:0002.
         assert_eq!(
             eui64([0x52, 0x54, 0, 0x99, 0, 2]),

@@ -15,6 +15,9 @@ use crate::ffi::*;
 use crate::objects::{open_context, CShared, Srq, PDS, SRQS};
 use crate::{err_ptr, guard};
 
+/// The most WRs an SRQ holds (`max_srq_wr`).
+pub(crate) const MAX_SRQ_WR: u32 = 16384;
+
 /// # Safety
 /// `pd` is a PD; `attr` points to an `ibv_srq_init_attr`.
 #[no_mangle]
@@ -33,7 +36,7 @@ pub unsafe extern "C" fn ibv_create_srq(
         // written back below).
         let a = unsafe { attr.read() };
         let want = a.attr;
-        if want.max_wr == 0 || want.max_wr > 16384 || want.max_sge as usize > MAX_SGE {
+        if want.max_wr == 0 || want.max_wr > MAX_SRQ_WR || want.max_sge as usize > MAX_SGE {
             return err_ptr(libc::EINVAL);
         }
         let Some(ctx) = open_context(p.context()) else {

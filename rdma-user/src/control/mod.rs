@@ -5,5 +5,6 @@
 //! runs per packet.
 
 pub mod daemon;
+pub mod ibdev;
 pub mod links;
 pub mod proto;

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use anyhow::{anyhow, bail, Result};
 
-use crate::transport::{Wc, WcOpcode, WcStatus};
+use crate::transport::{NetworkType, Wc, WcOpcode, WcStatus};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "kebab-case", deny_unknown_fields)]
@@ -134,6 +134,9 @@ pub struct WcJson {
     /// UD receives: the sender's QPN; the buffer starts with a 40-byte GRH.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub src_qp: Option<u32>,
+    /// UD receives: the network header of the packet (ipv4 or ipv6).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkType>,
 }
 
 impl From<&Wc> for WcJson {
@@ -145,7 +148,8 @@ impl From<&Wc> for WcJson {
             byte_len: w.byte_len,
             imm: w.imm,
             qp_num: w.qp_num,
-            src_qp: w.grh.then_some(w.src_qp),
+            src_qp: w.grh.map(|_| w.src_qp),
+            network: w.grh,
         }
     }
 }
@@ -165,7 +169,7 @@ impl WcJson {
             qp_num: self.qp_num,
             solicited: false,
             src_qp: self.src_qp.unwrap_or(0),
-            grh: self.src_qp.is_some(),
+            grh: self.network,
         })
     }
 }

@@ -31,7 +31,7 @@ pub const NO_WC: Wc = Wc {
     qp_num: 0,
     solicited: false,
     src_qp: 0,
-    grh: false,
+    grh: None,
 };
 
 /// What keeps a device's XDP program attached and its interface locked

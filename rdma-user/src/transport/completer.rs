@@ -69,7 +69,7 @@ fn send_wc(cq: &mut VecDeque<Wc>, qpn: u32, w: &SendWqe, status: WcStatus, force
             qp_num: qpn,
             solicited: false,
             src_qp: 0,
-            grh: false,
+            grh: None,
         });
     }
 }

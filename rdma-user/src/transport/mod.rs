@@ -47,8 +47,8 @@ pub use responder::{check_recv, RespConsts, RespSnapshot};
 pub use selective::{negotiate as negotiate_selective_repeat, DUPTHRESH, SR_WINDOW};
 pub use ud::{grh_of, GRH_LEN};
 pub use wr::{
-    PostError, RecvWr, SendFlags, SendWr, Sge, UdDest, Wc, WcOpcode, WcStatus, WrOpcode,
-    MAX_INLINE, MAX_SGE,
+    NetworkType, PostError, RecvWr, SendFlags, SendWr, Sge, UdDest, Wc, WcOpcode, WcStatus,
+    WrOpcode, MAX_INLINE, MAX_SGE,
 };
 
 use std::collections::VecDeque;

@@ -868,7 +868,7 @@ impl QpEngine {
             qp_num: self.qpn,
             solicited: false,
             src_qp: 0,
-            grh: false,
+            grh: None,
         });
     }
 

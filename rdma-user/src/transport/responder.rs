@@ -579,7 +579,7 @@ impl QpEngine {
                     qp_num: self.qpn,
                     solicited: t.bth.solicited,
                     src_qp: 0,
-                    grh: false,
+                    grh: None,
                 });
                 self.resp.in_msg = InMsg::None;
                 self.resp.msn = psn_add(self.resp.msn, 1);
@@ -651,7 +651,7 @@ impl QpEngine {
                         qp_num: self.qpn,
                         solicited: t.bth.solicited,
                         src_qp: 0,
-                        grh: false,
+                        grh: None,
                     });
                 }
                 self.resp.in_msg = InMsg::None;

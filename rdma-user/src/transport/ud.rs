@@ -183,7 +183,11 @@ impl QpEngine {
             qp_num: self.qpn,
             solicited: t.bth.solicited,
             src_qp: deth.src_qpn,
-            grh: ok,
+            grh: ok.then_some(if grh[0] >> 4 == 6 {
+                NetworkType::Ipv6
+            } else {
+                NetworkType::Ipv4
+            }),
         });
     }
 }

@@ -6,7 +6,7 @@ use std::fmt;
 
 use super::QpState;
 
-pub const MAX_SGE: usize = 4;
+pub const MAX_SGE: usize = 8;
 pub const MAX_INLINE: usize = 256;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -273,7 +273,17 @@ pub struct Wc {
     /// (what `ibv_req_notify_cq(cq, 1)` waits for).
     pub solicited: bool,
     /// UD receives: the sender's QPN (DETH), and a GRH in the buffer's
-    /// first 40 bytes (`IBV_WC_GRH`).
+    /// first 40 bytes (`IBV_WC_GRH`) from a packet of this network type.
     pub src_qp: u32,
-    pub grh: bool,
+    pub grh: Option<NetworkType>,
+}
+
+/// The network header a RoCEv2 packet came with (the kernel's
+/// `rdma_network_type`): it decides where the receive buffer's 40 GRH
+/// bytes hold the destination address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkType {
+    Ipv4,
+    Ipv6,
 }
