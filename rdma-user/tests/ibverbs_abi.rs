@@ -95,6 +95,51 @@ fn exports_cover_what_the_debian_binaries_import() {
     }
 }
 
+/// Every `.so` under `dir`, recursively.
+fn shared_objects(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            shared_objects(&p, out);
+        } else if p.extension().is_some_and(|x| x == "so") {
+            out.push(p);
+        }
+    }
+}
+
+/// The engines' objects that link libibverbs, libmlx5, libefa or
+/// librdmacm: Debian 12's UCX, libfabric, Open MPI verbs components and
+/// pyverbs (`cargo xtask test` installs them).
+fn engine_objects() -> Vec<PathBuf> {
+    let lib = Path::new("/usr/lib/x86_64-linux-gnu");
+    let mut v: Vec<PathBuf> = [
+        "ucx/libuct_ib.so.0",
+        "ucx/libuct_rdmacm.so.0",
+        "libfabric.so.1",
+        "libmca_common_verbs.so.40",
+        "openmpi/lib/openmpi3/mca_btl_openib.so",
+    ]
+    .iter()
+    .map(|p| lib.join(p))
+    .collect();
+    shared_objects(Path::new("/usr/lib/python3/dist-packages/pyverbs"), &mut v);
+    v
+}
+
+#[test]
+fn exports_cover_what_the_engines_import() {
+    let ours = dynsyms(&library().join("libibverbs.so.1"), false);
+    let objects = engine_objects();
+    // pyverbs alone is 35 modules.
+    assert!(objects.len() >= 30, "{objects:?}");
+    for o in objects {
+        assert!(o.exists(), "{} is not installed", o.display());
+        let need = dynsyms(&o, true);
+        let missing: Vec<_> = need.difference(&ours).collect();
+        assert!(missing.is_empty(), "{} needs {missing:?}", o.display());
+    }
+}
+
 fn exec(lab: &lab::Lab, i: usize, args: &[&str]) -> String {
     let out = lab.exec(i, lab::BIN, args);
     assert!(

@@ -154,6 +154,19 @@ fn prereqs_for(install: bool, for_tests: bool, for_demo: bool) -> Result<()> {
     if for_tests && !std::path::Path::new("/usr/include/rdma/rdma_cma.h").exists() {
         debs.push("librdmacm-dev");
     }
+    // The engines run over the drop-in library unmodified: UCX, Open MPI
+    // (mpicc builds the checked MPI program), libfabric and pyverbs.
+    for (deb, check) in [
+        ("ucx-utils", "command -v ucx_perftest"),
+        ("openmpi-bin", "command -v mpirun"),
+        ("libopenmpi-dev", "command -v mpicc"),
+        ("libfabric-bin", "command -v fi_info"),
+        ("python3-pyverbs", "/usr/bin/python3 -c 'import pyverbs'"),
+    ] {
+        if for_tests && have("sh", &["-c", check]).is_none() {
+            debs.push(deb);
+        }
+    }
     if !debs.is_empty() {
         let list = debs.join(" ");
         missing.push((

@@ -130,7 +130,9 @@ fn post_one(
             return Err(libc::EINVAL);
         }
         let mut at = 0;
-        for s in list {
+        // An empty segment may have a NULL address (UCX's zero-length
+        // active messages): nothing to read there.
+        for s in list.iter().filter(|s| s.length > 0) {
             // SAFETY: inline data is read from the caller's buffers at
             // post time (no lkey needed, as the spec says); the total was
             // checked to fit.

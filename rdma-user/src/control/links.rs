@@ -28,15 +28,27 @@ fn table() -> PathBuf {
     run_dir().join("links.json")
 }
 
-/// The links added in this namespace (empty if none).
+/// The links added in this namespace (empty if none). A link whose
+/// interface is gone is gone too, as an rxe link goes with its netdev:
+/// the table outlives the interface, and a later namespace may even get
+/// the same id (and so the same table).
 pub fn added() -> Result<Vec<Link>> {
-    match std::fs::read_to_string(table()) {
-        Ok(s) => {
-            serde_json::from_str(&s).with_context(|| format!("{} is damaged", table().display()))
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
-        Err(e) => Err(e).with_context(|| format!("read {}", table().display())),
+    let all: Vec<Link> = match std::fs::read_to_string(table()) {
+        Ok(s) => serde_json::from_str(&s)
+            .with_context(|| format!("{} is damaged", table().display()))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("read {}", table().display())),
+    };
+    let live: Vec<Link> = all
+        .iter()
+        .filter(|l| std::path::Path::new(&format!("/sys/class/net/{}", l.netdev)).exists())
+        .cloned()
+        .collect();
+    if live.len() != all.len() {
+        // Best effort: a reader without write access still sees the truth.
+        let _ = save(&live);
     }
+    Ok(live)
 }
 
 fn save(links: &[Link]) -> Result<()> {

@@ -210,6 +210,8 @@ fn show_devices(devs: &[links::Link]) -> Result<()> {
         Some("tmpfs"),
         libc::MS_NOSUID | libc::MS_NOEXEC,
     )?;
+    std::fs::set_permissions(dev, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .with_context(|| format!("chmod {dev}"))?;
     let nodes = (0..devs.len())
         .map(ibdev::uverbs_name)
         .chain(std::iter::once("rdma_cm".to_string()));
