@@ -250,5 +250,8 @@ fn open_mpi_runs_a_checked_program_over_pml_ucx() {
         assert!(all.contains(want), "no {want:?}:\n{all}");
     }
     // pml ucx found our device's transports.
-    assert!(all.contains("rc_verbs/rxe0:1: matched transport list"), "{all}");
+    assert!(
+        all.contains("rc_verbs/rxe0:1: matched transport list"),
+        "{all}"
+    );
 }

@@ -34,8 +34,9 @@ fn table() -> PathBuf {
 /// the same id (and so the same table).
 pub fn added() -> Result<Vec<Link>> {
     let all: Vec<Link> = match std::fs::read_to_string(table()) {
-        Ok(s) => serde_json::from_str(&s)
-            .with_context(|| format!("{} is damaged", table().display()))?,
+        Ok(s) => {
+            serde_json::from_str(&s).with_context(|| format!("{} is damaged", table().display()))?
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(e).with_context(|| format!("read {}", table().display())),
     };
