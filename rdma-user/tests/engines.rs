@@ -115,29 +115,38 @@ fn ucx_finds_rc_verbs_and_ud_verbs() {
     }
 }
 
-/// One `ucx_perftest` run: server on host 1, client on host 0; returns
-/// the client's "Final:" line.
-fn ucx_perftest(lab: &lab::Lab, env: &[&str], args: &[&str]) -> String {
-    let mut s = vec!["exec", "--", "env", "UCX_NET_DEVICES=rxe0:1"];
+/// A client-server pair through `rdma-xdp exec`: `server` on host 1,
+/// `client` with host 1's address appended on host 0, both under `env`;
+/// both must succeed. Returns the client's output.
+fn pair(lab: &lab::Lab, env: &[&str], server: &[&str], client: &[&str]) -> String {
+    let mut s = vec!["exec", "--", "env"];
     s.extend_from_slice(env);
     let mut c = s.clone();
-    s.push("ucx_perftest");
+    s.extend_from_slice(server);
     let srv = lab.spawn(1, &s);
     std::thread::sleep(Duration::from_millis(1500));
-    c.push("timeout");
-    c.push("60");
-    c.push("ucx_perftest");
+    c.extend_from_slice(&["timeout", "60"]);
+    c.extend_from_slice(client);
     c.push(&lab.addr[1]);
-    c.extend_from_slice(args);
     let cli = lab.exec(0, lab::BIN, &c);
     let srv = lab::wait_timeout(srv, Duration::from_secs(10));
     assert!(
         cli.status.success() && srv.status.success(),
-        "ucx_perftest {args:?} {env:?}:\nclient: {}\nserver: {}",
+        "{client:?} {env:?}:\nclient: {}\nserver: {}",
         text(&cli),
         text(&srv)
     );
-    let out = String::from_utf8_lossy(&cli.stdout);
+    String::from_utf8_lossy(&cli.stdout).into_owned()
+}
+
+/// One `ucx_perftest` run; the client's "Final:" line. (GNU getopt lets
+/// the server's address come last.)
+fn ucx_perftest(lab: &lab::Lab, env: &[&str], args: &[&str]) -> String {
+    let mut e = vec!["UCX_NET_DEVICES=rxe0:1"];
+    e.extend_from_slice(env);
+    let mut c = vec!["ucx_perftest"];
+    c.extend_from_slice(args);
+    let out = pair(lab, &e, &["ucx_perftest"], &c);
     out.lines()
         .find(|l| l.starts_with("Final:"))
         .unwrap_or_else(|| panic!("no result:\n{out}"))
@@ -213,6 +222,9 @@ fn open_mpi_runs_a_checked_program_over_pml_ucx() {
             "120",
             "mpirun",
             "--allow-run-as-root",
+            // Both "hosts" are this machine: bound ranks would share a core.
+            "--bind-to",
+            "none",
             "-np",
             "2",
             "-H",
@@ -254,4 +266,31 @@ fn open_mpi_runs_a_checked_program_over_pml_ucx() {
         all.contains("rc_verbs/rxe0:1: matched transport list"),
         "{all}"
     );
+}
+
+#[test]
+fn libfabric_finds_the_device_and_runs_fi_pingpong() {
+    library();
+    let _g = lab::serial();
+    let lab = lab_with_rxe0();
+    let out = lab.exec(0, lab::BIN, &["exec", "--", "fi_info", "-p", "verbs"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let info = String::from_utf8_lossy(&out.stdout);
+    for ep in ["FI_EP_MSG", "FI_EP_DGRAM", "FI_EP_RDM"] {
+        assert!(info.contains(&format!("type: {ep}")), "no {ep}:\n{info}");
+    }
+    for (prov, ep) in [
+        ("verbs", "msg"),
+        ("verbs", "dgram"),
+        ("verbs;ofi_rxm", "rdm"),
+    ] {
+        let a = ["fi_pingpong", "-p", prov, "-e", ep, "-I", "100"];
+        let out = pair(&lab, &[], &a, &a);
+        // A result row for each message size: "bytes iters total time ...".
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with("64 ") || l.starts_with("64\t")),
+            "fi_pingpong {prov} {ep}:\n{out}"
+        );
+    }
 }

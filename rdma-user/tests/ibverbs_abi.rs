@@ -345,6 +345,20 @@ fn unmodified_perftest_runs_over_the_library() {
     runs.push("ib_write_bw -x 1 -n 5 -a".into());
     runs.push("ib_write_bw -x 1 -n 20 -s 5000 -q 2".into());
     runs.push("ib_send_bw -x 1 -n 20 -s 5000 --report_gbits".into());
+    // Event-driven completions (`-e`: the program sleeps in
+    // ibv_get_cq_event), in every tool that offers them; send_lat also at
+    // a TX depth of 4, where one signaled send covers four.
+    for r in [
+        "ib_send_lat -x 1 -n 200 -s 2 -e",
+        "ib_send_lat -x 1 -n 200 -s 2 -e -t 4",
+        "ib_read_lat -x 1 -n 200 -s 2 -e",
+        "ib_atomic_lat -x 1 -n 200 -e",
+        "ib_send_bw -x 1 -n 200 -s 4096 -e",
+        "ib_read_bw -x 1 -n 200 -s 4096 -e",
+        "ib_atomic_bw -x 1 -n 200 -e",
+    ] {
+        runs.push(r.into());
+    }
     // UD: datagrams up to the port MTU (1024 B at a netdev MTU of 1500).
     for tool in ["ib_send_lat", "ib_send_bw"] {
         for size in ["2", "1024"] {

@@ -94,6 +94,11 @@ fn count_cq(ch: &Channel, by: c_int) -> bool {
     true
 }
 
+/// The most entries a CQ holds (`max_cqe`). Above rxe's 32767: libfabric's
+/// `ofi_rxm` sizes its CQ for its whole universe (262 144 entries by
+/// default), and a CQ's ring costs only memory (some 64 bytes an entry).
+pub(crate) const MAX_CQE: c_int = 1 << 20;
+
 /// # Safety
 /// `context` is a context; `channel` NULL or a channel.
 #[no_mangle]
@@ -108,7 +113,7 @@ pub unsafe extern "C" fn ibv_create_cq(
         let Some(ctx) = open_context(context) else {
             return err_ptr(libc::EINVAL);
         };
-        if !(1..=32767).contains(&cqe) {
+        if !(1..=MAX_CQE).contains(&cqe) {
             return err_ptr(libc::EINVAL);
         }
         let ch = if channel.is_null() {

@@ -296,7 +296,7 @@ pub unsafe extern "C" fn ibv_query_device(
     a.max_srq_wr = crate::srq::MAX_SRQ_WR as c_int;
     a.max_srq_sge = MAX_SGE as c_int;
     a.max_cq = limits.max_cq as c_int;
-    a.max_cqe = 32767;
+    a.max_cqe = crate::cq::MAX_CQE;
     a.max_mr = limits.max_mr as c_int;
     a.max_pd = 0x7ff0;
     // The engine's limit: perftest's READ and atomic tests ask for it.

@@ -126,55 +126,54 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
     res: *mut *mut rdma_addrinfo,
 ) -> c_int {
     guard(-1, || {
-        if res.is_null() || (node.is_null() && service.is_null()) {
+        // SAFETY: the caller's hints.
+        let h = unsafe { hints.as_ref() };
+        if res.is_null() || (node.is_null() && service.is_null() && h.is_none()) {
             set_errno(libc::EINVAL);
             return -1;
         }
-        // SAFETY: the caller's hints.
-        let h = unsafe { hints.as_ref() };
+        // The hints' own addresses, which rdma-core copies where the name
+        // gives none (libfabric passes its peers' addresses this way).
+        // SAFETY: the caller's hints point to valid sockaddrs or NULL.
+        let hint_src = h.and_then(|h| unsafe { hint_addr(h.ai_src_addr, h.ai_src_len) });
+        // SAFETY: as above.
+        let hint_dst = h.and_then(|h| unsafe { hint_addr(h.ai_dst_addr, h.ai_dst_len) });
         let flags = h.map_or(0, |h| h.ai_flags);
         let passive = flags & RAI_PASSIVE != 0;
-        let port: u16 = match c_str(service) {
-            None => 0,
-            Some(s) => match s.parse() {
-                Ok(p) => p,
-                Err(_) => {
-                    set_errno(libc::EINVAL);
-                    return -1;
-                }
-            },
-        };
         let family = h.map_or(0, |h| h.ai_family);
-        let ip: IpAddr = match c_str(node) {
-            None => {
-                if family == AF_INET6 {
-                    "::".parse().unwrap()
-                } else {
-                    "0.0.0.0".parse().unwrap()
-                }
-            }
-            Some(n) => match n.parse() {
+        let (src, dst) = if node.is_null() && service.is_null() {
+            (hint_src, hint_dst)
+        } else {
+            let port: u16 = match c_str(service) {
+                None => 0,
+                Some(s) => match s.parse() {
+                    Ok(p) => p,
+                    Err(_) => {
+                        set_errno(libc::EINVAL);
+                        return -1;
+                    }
+                },
+            };
+            let ip = match resolve_node(c_str(node), port, family, flags) {
                 Ok(ip) => ip,
-                Err(_) if flags & RAI_NUMERICHOST != 0 => {
-                    set_errno(libc::EINVAL);
+                Err(e) => {
+                    set_errno(e);
                     return -1;
                 }
-                Err(_) => {
-                    use std::net::ToSocketAddrs;
-                    let found = (n, port).to_socket_addrs().ok().and_then(|mut it| {
-                        it.find(|a| family == 0 || (family == AF_INET) == a.is_ipv4())
-                    });
-                    match found {
-                        Some(a) => a.ip(),
-                        None => {
-                            set_errno(libc::EADDRNOTAVAIL);
-                            return -1;
-                        }
-                    }
-                }
-            },
+            };
+            let addr = SocketAddr::new(ip, port);
+            if passive {
+                (Some(addr), None)
+            } else {
+                let src = source_for(addr).map(|s| SocketAddr::new(s, 0));
+                (src.or(hint_src), Some(addr))
+            }
         };
-        let addr = SocketAddr::new(ip, port);
+        let family = match src.or(dst) {
+            Some(a) if a.is_ipv4() => AF_INET,
+            Some(_) => AF_INET6,
+            None => family,
+        };
         let ps = h.map_or(0, |h| h.ai_port_space);
         let qp_type = h.map_or(0, |h| h.ai_qp_type);
         let (ps, qp_type) = match (ps, qp_type as u32) {
@@ -185,35 +184,76 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
         // SAFETY: all-zero is a valid AddrInfo (pointers NULL).
         let mut b: Box<AddrInfo> = Box::new(unsafe { std::mem::zeroed() });
         b.ai.ai_flags = flags;
-        b.ai.ai_family = if ip.is_ipv4() { AF_INET } else { AF_INET6 };
+        b.ai.ai_family = family;
         b.ai.ai_qp_type = qp_type as c_int;
         b.ai.ai_port_space = ps;
-        let len = if ip.is_ipv4() {
-            std::mem::size_of::<sockaddr_in>()
-        } else {
-            std::mem::size_of::<sockaddr_in6>()
-        } as libc::socklen_t;
+        let len = |a: SocketAddr| {
+            let n = if a.is_ipv4() {
+                std::mem::size_of::<sockaddr_in>()
+            } else {
+                std::mem::size_of::<sockaddr_in6>()
+            };
+            n as libc::socklen_t
+        };
         let p = Box::into_raw(b);
         // SAFETY: the AddrInfo just leaked; its address fields point into it.
         unsafe {
-            if passive {
-                write_sockaddr(&mut (*p).src, addr);
+            if let Some(a) = src {
+                write_sockaddr(&mut (*p).src, a);
                 (*p).ai.ai_src_addr = ptr::addr_of_mut!((*p).src) as *mut sockaddr;
-                (*p).ai.ai_src_len = len;
-            } else {
-                write_sockaddr(&mut (*p).dst, addr);
+                (*p).ai.ai_src_len = len(a);
+            }
+            if let Some(a) = dst {
+                write_sockaddr(&mut (*p).dst, a);
                 (*p).ai.ai_dst_addr = ptr::addr_of_mut!((*p).dst) as *mut sockaddr;
-                (*p).ai.ai_dst_len = len;
-                if let Some(s) = source_for(addr) {
-                    write_sockaddr(&mut (*p).src, SocketAddr::new(s, 0));
-                    (*p).ai.ai_src_addr = ptr::addr_of_mut!((*p).src) as *mut sockaddr;
-                    (*p).ai.ai_src_len = len;
-                }
+                (*p).ai.ai_dst_len = len(a);
             }
             *res = ptr::addr_of_mut!((*p).ai);
         }
         0
     })
+}
+
+/// A hint's address, if it has one of a family we know.
+///
+/// # Safety
+/// `a` is NULL or points to `len` bytes of a sockaddr.
+unsafe fn hint_addr(a: *const sockaddr, len: libc::socklen_t) -> Option<SocketAddr> {
+    if a.is_null() || len == 0 {
+        return None;
+    }
+    // SAFETY: the caller's sockaddr.
+    unsafe { read_sockaddr(a) }
+}
+
+/// The address a node names: numeric, or resolved by the system's
+/// resolver (not with `RAI_NUMERICHOST`); the wildcard when there is none.
+fn resolve_node(
+    node: Option<&str>,
+    port: u16,
+    family: c_int,
+    flags: c_int,
+) -> Result<IpAddr, c_int> {
+    let Some(n) = node else {
+        return Ok(if family == AF_INET6 {
+            IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)
+        } else {
+            IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)
+        });
+    };
+    if let Ok(ip) = n.parse() {
+        return Ok(ip);
+    }
+    if flags & RAI_NUMERICHOST != 0 {
+        return Err(libc::EINVAL);
+    }
+    use std::net::ToSocketAddrs;
+    (n, port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut it| it.find(|a| family == 0 || (family == AF_INET) == a.is_ipv4()))
+        .map(|a| a.ip())
+        .ok_or(libc::EADDRNOTAVAIL)
 }
 
 /// # Safety

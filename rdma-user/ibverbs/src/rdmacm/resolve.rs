@@ -56,7 +56,10 @@ pub(super) fn bind(cm: &mut Cm, id: *mut rdma_cm_id, a: SocketAddr) -> Result<()
     let reuse = st.reuse;
     // SAFETY: a live id of ours.
     let ps = unsafe { (*id).ps };
-    let dev = if a.ip().is_unspecified() {
+    // Loopback as the wildcard: no device, `id->verbs` stays NULL (a
+    // program that binds 127.0.0.1, as libfabric's passive probe does,
+    // learns the devices' addresses elsewhere).
+    let dev = if a.ip().is_unspecified() || a.ip().is_loopback() {
         None
     } else {
         let nd = netdev_for_ip(a.ip()).ok_or(libc::EADDRNOTAVAIL)?;
