@@ -298,7 +298,10 @@ pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c
         let flags = unsafe { libc::fcntl(ch.fd, libc::F_GETFL) };
         flags & libc::O_NONBLOCK != 0
     });
-    if nonblocking {
+    // A solicited-only arm watches for rare control traffic (UCX's UD
+    // transport arms its receive CQ so, again and again, while its main
+    // thread keeps polling): the program's polls still move its frames.
+    if nonblocking && solicited_only == 0 {
         c.dp.will_wait_for_events();
     }
     0

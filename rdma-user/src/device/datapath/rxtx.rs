@@ -110,7 +110,11 @@ impl Core {
             let remote_access = f.has(OpFlags::REQUEST)
                 && ((f.has(OpFlags::WRITE) && !f.has(OpFlags::IMM))
                     || f.any(OpFlags::READ_REQUEST | OpFlags::ATOMIC));
-            if remote_access {
+            // A WRITE that carries no bytes (UCX's flush is a zero-length
+            // WRITE) changes no memory a program could be watching, so
+            // it leaves the program's polls in charge of the QP's frames.
+            let touches_memory = !payload.is_empty() || !f.has(OpFlags::WRITE);
+            if remote_access && touches_memory {
                 slot.remote_access_seen = true;
             }
             if f.any(OpFlags::REQUEST | OpFlags::RESERVED) {
