@@ -41,8 +41,12 @@ pub const SR_WINDOW: u32 = (SACK_BITMAP_LEN * 8) as u32;
 pub const DUPTHRESH: u32 = 3;
 /// Bytes of stash per QP (slots of one MTU, at most one per window PSN).
 const STASH_BYTES: usize = 256 << 10;
-/// Smallest retransmission timer, and the one before any RTT sample.
-const MIN_RTO_NS: Nanos = 100_000;
+/// Smallest retransmission timer. A software stack's round trip has the
+/// scheduler in it: on a busy two-core host one late wakeup of a thread
+/// on the path (the peer's, a relay's) takes a millisecond, and a probe
+/// timer of 2 x SRTT (256 us samples, a 512 us timer) fired spuriously
+/// there. A lone lost packet now waits at least 1 ms for its resend.
+const MIN_RTO_NS: Nanos = 1_000_000;
 const INITIAL_RTO_NS: Nanos = 1_000_000;
 /// Least number of packets allowed in flight, whatever the BDP estimate.
 const MIN_INFLIGHT: u32 = 128;
@@ -757,8 +761,11 @@ impl QpEngine {
         let rto = if t.srtt_ns == 0 {
             INITIAL_RTO_NS << t.backoff.min(20)
         } else if t.backoff == 0 {
-            // First a probe, after two smoothed RTTs (RACK-TLP's PTO).
-            (2 * t.srtt_ns).max(MIN_RTO_NS)
+            // First a probe, after two smoothed RTTs (RACK-TLP's PTO), or
+            // SRTT + 4 RTTVAR if the RTT varies more than that.
+            (2 * t.srtt_ns)
+                .max(t.srtt_ns + 4 * t.rttvar_ns)
+                .max(MIN_RTO_NS)
         } else {
             // Then RFC 6298's SRTT + 4 RTTVAR, doubled per expiry.
             (t.srtt_ns + 4 * t.rttvar_ns).max(MIN_RTO_NS) << (t.backoff - 1).min(20)
