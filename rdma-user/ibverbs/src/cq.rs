@@ -293,18 +293,20 @@ pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c
     // thread's to move again. One that blocks in `ibv_get_cq_event` says
     // so there, after it has moved them itself for a while; waking the
     // thread here, on every arm, would only have it race the program.
-    let nonblocking = c.channel.as_ref().is_some_and(|ch| {
-        // SAFETY: F_GETFL on the channel's eventfd.
-        let flags = unsafe { libc::fcntl(ch.fd, libc::F_GETFL) };
-        flags & libc::O_NONBLOCK != 0
-    });
     // A solicited-only arm watches for rare control traffic (UCX's UD
     // transport arms its receive CQ so, again and again, while its main
     // thread keeps polling): the program's polls still move its frames.
-    if nonblocking && solicited_only == 0 {
+    if solicited_only == 0 && c.channel.as_ref().is_some_and(|ch| nonblocking(ch.fd)) {
         c.dp.will_wait_for_events();
     }
     0
+}
+
+/// Whether the program made a channel's descriptor non-blocking (it may
+/// do so at any time, so this is asked, not remembered).
+fn nonblocking(fd: c_int) -> bool {
+    // SAFETY: F_GETFL on a channel's eventfd reads its flags only.
+    (unsafe { libc::fcntl(fd, libc::F_GETFL) }) & libc::O_NONBLOCK != 0
 }
 
 /// How long `ibv_get_cq_event` runs the data path itself before it sleeps:
@@ -349,8 +351,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         set_errno(libc::EINVAL);
         return -1;
     }
-    // SAFETY: F_GETFL on our own eventfd.
-    let blocking = unsafe { libc::fcntl(ch.fd, libc::F_GETFL) } & libc::O_NONBLOCK == 0;
+    let blocking = !nonblocking(ch.fd);
     let dp = ch.ctx.dp.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let spin_until = std::time::Instant::now() + event_spin();
     loop {

@@ -17,7 +17,7 @@ use rdma_user::transport::MAX_SGE;
 
 use crate::ffi::*;
 use crate::objects::{our_context, CShared, Context, Device, NotClosed, Users, CONTEXTS, DEVICES};
-use crate::port::{eui64, gid_table, port_attr, PortMonitor, GID_TBL_LEN};
+use crate::port::{gid_table, port_attr, PortMonitor, GID_TBL_LEN};
 use crate::{guard, set_errno};
 
 /// rxe's vendor id: perftest takes its generic (non-mlx5, non-EFA) path.
@@ -147,9 +147,7 @@ pub unsafe extern "C" fn ibv_get_device_guid(device: *mut ibv_device) -> __be64 
         set_errno(libc::EINVAL);
         return 0;
     };
-    iface_mac(&d.link.netdev)
-        .map(|m| u64::from_ne_bytes(eui64(m)))
-        .unwrap_or(0)
+    u64::from_ne_bytes(ibdev::node_guid(&d.link.netdev))
 }
 
 /// The network interface behind one of our devices.
@@ -271,7 +269,7 @@ pub unsafe extern "C" fn ibv_query_device(
     }
     let mut a = ibv_device_attr::default();
     copy_cstr(&mut a.fw_ver, env!("CARGO_PKG_VERSION"));
-    let guid = iface_mac(c.netdev()).map(eui64).unwrap_or_default();
+    let guid = ibdev::node_guid(c.netdev());
     a.node_guid = u64::from_ne_bytes(guid);
     a.sys_image_guid = a.node_guid;
     // What the data path enforces (device::datapath::Limits), not more.
@@ -412,20 +410,25 @@ pub unsafe extern "C" fn ibv_query_gid_type(
     }
 }
 
-/// The GID entry at `index` of port 1, `None` where the table is empty.
-fn gid_entry(c: &Context, index: u32) -> Option<ibv_gid_entry> {
-    let g = *gid_table(c.netdev()).get(index as usize)?;
+/// Port 1's valid GID entries, in table order (one read of the
+/// interface's addresses and ifindex for all of them).
+fn gid_entries(c: &Context) -> Vec<ibv_gid_entry> {
     let ifindex = std::fs::read_to_string(format!("/sys/class/net/{}/ifindex", c.netdev()))
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(0);
-    Some(ibv_gid_entry {
-        gid: ibv_gid { raw: g },
-        gid_index: index,
-        port_num: 1,
-        gid_type: IBV_GID_TYPE_ROCE_V2,
-        ndev_ifindex: ifindex,
-    })
+    gid_table(c.netdev())
+        .into_iter()
+        .take(GID_TBL_LEN as usize)
+        .zip(0u32..)
+        .map(|(g, index)| ibv_gid_entry {
+            gid: ibv_gid { raw: g },
+            gid_index: index,
+            port_num: 1,
+            gid_type: IBV_GID_TYPE_ROCE_V2,
+            ndev_ifindex: ifindex,
+        })
+        .collect()
 }
 
 /// `ibv_query_gid_ex`: ENODATA for an empty entry, as rdma-core.
@@ -450,8 +453,8 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
     if port != 1 || index >= GID_TBL_LEN as u32 {
         return libc::EINVAL;
     }
-    match gid_entry(&c, index) {
-        Some(e) => {
+    match gid_entries(&c).get(index as usize) {
+        Some(&e) => {
             // SAFETY: the caller's entry is at least this big (checked).
             unsafe { entry.write(e) };
             0
@@ -481,9 +484,7 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
     let Some(c) = our_context(context) else {
         return -(libc::EINVAL as isize);
     };
-    let table: Vec<ibv_gid_entry> = (0..GID_TBL_LEN as u32)
-        .map_while(|i| gid_entry(&c, i))
-        .collect();
+    let table = gid_entries(&c);
     if table.len() > max_entries {
         return -(libc::EINVAL as isize);
     }

@@ -110,7 +110,7 @@ impl PortMonitor {
         let fd = link_socket()?;
         let stop = Arc::new(AtomicBool::new(false));
         let st = stop.clone();
-        let up = link_running(netdev);
+        let up = ibdev::port_active(netdev);
         let thread = std::thread::Builder::new()
             .name(format!("rdma-port-{netdev}"))
             .spawn(move || watch(fd, index, up, &events, &st))
@@ -131,13 +131,6 @@ impl Drop for PortMonitor {
             let _ = t.join();
         }
     }
-}
-
-/// Whether the link is up with a carrier (rxe's port ACTIVE).
-fn link_running(netdev: &str) -> bool {
-    let s =
-        std::fs::read_to_string(format!("/sys/class/net/{netdev}/operstate")).unwrap_or_default();
-    matches!(s.trim(), "up" | "unknown")
 }
 
 /// An rtnetlink socket subscribed to link notifications.

@@ -16,7 +16,7 @@ use std::net::IpAddr;
 use std::path::Path;
 
 use crate::control::links::Link;
-use crate::io::hostnet::{iface_addrs, iface_mac, port_mtu};
+use crate::io::hostnet::{iface_addrs, iface_mac, iface_mtu, port_mtu};
 
 /// GID table length, as rxe's (`RXE_PORT_GID_TBL_LEN`).
 pub const GID_TBL_LEN: usize = 1024;
@@ -69,22 +69,17 @@ pub fn gid_table(netdev: &str) -> Vec<[u8; 16]> {
     v
 }
 
-fn netdev_attr(netdev: &str, a: &str) -> String {
-    std::fs::read_to_string(format!("/sys/class/net/{netdev}/{a}"))
-        .unwrap_or_default()
-        .trim()
-        .to_string()
-}
-
 /// Whether the port is active: its interface is up (operstate up, or
 /// unknown as on some virtual links).
 pub fn port_active(netdev: &str) -> bool {
-    matches!(netdev_attr(netdev, "operstate").as_str(), "up" | "unknown")
+    let s =
+        std::fs::read_to_string(format!("/sys/class/net/{netdev}/operstate")).unwrap_or_default();
+    matches!(s.trim(), "up" | "unknown")
 }
 
 /// The active IB MTU in bytes for the interface's MTU (rxe's rule).
 pub fn active_mtu(netdev: &str) -> u32 {
-    port_mtu(netdev_attr(netdev, "mtu").parse().unwrap_or(1500))
+    port_mtu(iface_mtu(netdev))
 }
 
 /// The device node name of the `i`-th device (`uverbs0`, ...), as the

@@ -42,7 +42,7 @@ pub fn added() -> Result<Vec<Link>> {
     };
     let live: Vec<Link> = all
         .iter()
-        .filter(|l| std::path::Path::new(&format!("/sys/class/net/{}", l.netdev)).exists())
+        .filter(|l| netdev_exists(&l.netdev))
         .cloned()
         .collect();
     if live.len() != all.len() {
@@ -50,6 +50,11 @@ pub fn added() -> Result<Vec<Link>> {
         let _ = save(&live);
     }
     Ok(live)
+}
+
+/// Whether this network namespace has an interface `netdev`.
+fn netdev_exists(netdev: &str) -> bool {
+    std::path::Path::new(&format!("/sys/class/net/{netdev}")).exists()
 }
 
 fn save(links: &[Link]) -> Result<()> {
@@ -121,7 +126,7 @@ pub fn add(name: &str, netdev: &str) -> Result<Link> {
     {
         bail!("link name {name:?}: use 1 to {NAME_MAX} letters, digits, '_' or '-' (e.g. rxe0)");
     }
-    if !std::path::Path::new(&format!("/sys/class/net/{netdev}")).exists() {
+    if !netdev_exists(netdev) {
         bail!("interface {netdev} not found in this network namespace; check `ip link`");
     }
     let mut links = added()?;
