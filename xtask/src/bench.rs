@@ -19,9 +19,9 @@ pub(crate) struct Job {
 }
 
 /// The namespaces, devices and addresses of a bench run.
-const NS: [&str; 2] = ["rdmabench-a", "rdmabench-b"];
-const DEVS: [&str; 2] = ["rbench-a", "rbench-b"];
-const ADDRS: [&str; 2] = ["10.89.0.1", "10.89.0.2"];
+pub(crate) const NS: [&str; 2] = ["rdmabench-a", "rdmabench-b"];
+pub(crate) const DEVS: [&str; 2] = ["rbench-a", "rbench-b"];
+pub(crate) const ADDRS: [&str; 2] = ["10.89.0.1", "10.89.0.2"];
 
 /// `cargo xtask bench --goals`: only the alternated goal ratios.
 pub(crate) fn goals(quick: bool) -> Result<()> {
@@ -229,18 +229,18 @@ pub(crate) fn bench(quick: bool) -> Result<()> {
 }
 
 /// The two namespaces of a bench run and where jobs write their JSON.
-struct BenchLab {
-    bin: std::path::PathBuf,
-    ns: [String; 2],
-    devs: [&'static str; 2],
-    addrs: [&'static str; 2],
-    out_dir: std::path::PathBuf,
+pub(crate) struct BenchLab {
+    pub(crate) bin: std::path::PathBuf,
+    pub(crate) ns: [String; 2],
+    pub(crate) devs: [&'static str; 2],
+    pub(crate) addrs: [&'static str; 2],
+    pub(crate) out_dir: std::path::PathBuf,
 }
 
 impl BenchLab {
     /// Runs one job (server in namespace 1 on CPU 1, client in namespace 0
     /// on CPU 0) and returns its records.
-    fn run(&self, job: &Job) -> Result<Vec<Value>> {
+    pub(crate) fn run(&self, job: &Job) -> Result<Vec<Value>> {
         let (bin, ns, devs, addrs) = (&self.bin, &self.ns, self.devs, self.addrs);
         let sj = self.out_dir.join("server.json");
         let cj = self.out_dir.join("client.json");
@@ -811,22 +811,48 @@ fn alternated(bl: &BenchLab, quick: bool) -> Vec<Value> {
             .as_f64()
             .ok_or_else(|| anyhow::anyhow!("no {key} in the record"))
     };
+    let pairs: Vec<Pair> = pairs
+        .iter()
+        .map(|(name, goal, key, a, b)| Pair {
+            name,
+            goal,
+            metric: key,
+            a: Box::new(move || measure(a, key)),
+            b: Box::new(move || measure(b, key)),
+        })
+        .collect();
+    alternate(&pairs, rounds)
+}
+
+/// A goal's ratio A / B, each side a measurement that returns the metric.
+pub(crate) struct Pair<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) goal: &'a str,
+    pub(crate) metric: &'a str,
+    pub(crate) a: Box<dyn Fn() -> Result<f64> + 'a>,
+    pub(crate) b: Box<dyn Fn() -> Result<f64> + 'a>,
+}
+
+/// Measures each pair's two sides back to back for `rounds` rounds, the
+/// order flipped every round; one record per pair (see [`alternated`]).
+pub(crate) fn alternate(pairs: &[Pair], rounds: usize) -> Vec<Value> {
     let mut out = Vec::new();
-    for (k, (name, goal, key, a, b)) in pairs.iter().enumerate() {
+    for (k, p) in pairs.iter().enumerate() {
         eprintln!(
-            "[alternated {}/{}] {name}, {rounds} rounds",
+            "[alternated {}/{}] {}, {rounds} rounds",
             k + 1,
-            pairs.len()
+            pairs.len(),
+            p.name
         );
         let (mut va, mut vb, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
         for round in 0..rounds {
             // A then B, then B then A: a drift within a round weighs on
             // both sides alike over the rounds.
             let first_a = round % 2 == 0;
-            let sides = if first_a { [a, b] } else { [b, a] };
+            let sides = if first_a { [&p.a, &p.b] } else { [&p.b, &p.a] };
             let mut got = [None, None];
             for (i, side) in sides.iter().enumerate() {
-                match measure(side, key) {
+                match side() {
                     Ok(x) => got[i] = Some(x),
                     Err(e) => eprintln!("   {e:#}"),
                 }
@@ -845,7 +871,7 @@ fn alternated(bl: &BenchLab, quick: bool) -> Vec<Value> {
             }
         }
         out.push(serde_json::json!({
-            "test": "alternated", "name": name, "goal": goal, "metric": key,
+            "test": "alternated", "name": p.name, "goal": p.goal, "metric": p.metric,
             "a": va, "b": vb, "ratios": ratios, "median_ratio": median(&ratios),
         }));
     }
@@ -863,7 +889,7 @@ fn median(x: &[f64]) -> Option<f64> {
 }
 
 /// The alternated records as a table.
-fn alternated_table(r: &[Value]) -> String {
+pub(crate) fn alternated_table(r: &[Value]) -> String {
     let rows: Vec<&Value> = r.iter().filter(|x| x["test"] == "alternated").collect();
     if rows.is_empty() {
         return String::new();

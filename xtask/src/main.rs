@@ -16,6 +16,7 @@ mod bench;
 mod cmbench;
 mod congestion;
 mod demo;
+mod enginesbench;
 mod guest;
 mod interop;
 mod lab;
@@ -114,6 +115,11 @@ enum Cmd {
         /// writes target/bench/goals.json and goals.md.
         #[arg(long, conflicts_with_all = ["cm", "vs_rxe"])]
         goals: bool,
+        /// Instead: the engines over the drop-in library (UCX, Open MPI,
+        /// qperf), each against its reference on the same veth pair,
+        /// alternated; writes target/bench/engines.json and engines.md.
+        #[arg(long, conflicts_with_all = ["cm", "vs_rxe", "goals"])]
+        engines: bool,
         /// With --vs-rxe: ours in copy mode too.
         #[arg(long, requires = "vs_rxe")]
         copy_too: bool,
@@ -242,6 +248,11 @@ fn main() {
         Cmd::Bench {
             quick, goals: true, ..
         } => prereqs(true, false).and_then(|_| bench::goals(quick)),
+        Cmd::Bench {
+            quick,
+            engines: true,
+            ..
+        } => prereqs(true, true).and_then(|_| enginesbench::bench_engines(quick)),
         Cmd::Bench { quick, .. } => prereqs(true, false).and_then(|_| bench(quick)),
         Cmd::Soak { ops, seed } => prereqs(true, false).and_then(|_| soak(ops, seed)),
         Cmd::Congestion(o) => prereqs(true, false).and_then(|_| congestion::congestion(&o)),

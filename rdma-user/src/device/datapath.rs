@@ -235,8 +235,8 @@ pub struct DataPath {
     clock: Instant,
     /// When the last turn ([`DataPath::poll`]) started, on `clock`.
     turn_at: Nanos,
-    /// A TX kick skipped last turn (see `poll`).
-    kick_deferred: bool,
+    /// Since when TX kicks are being skipped (see `poll_holding_acks`).
+    kick_deferred: Option<Nanos>,
 }
 
 /// Fresh entropy for keys and PSNs.
@@ -299,7 +299,7 @@ impl DataPath {
             shard: None,
             clock: Instant::now(),
             turn_at: 0,
-            kick_deferred: false,
+            kick_deferred: None,
         }
     }
 
@@ -332,6 +332,20 @@ impl DataPath {
     /// One turn of the loop: receive, timers, transmit. Returns whether any
     /// packet moved (for adaptive polling) and the next timer deadline.
     pub fn poll(&mut self) -> (bool, Option<Nanos>) {
+        self.poll_holding_acks(0)
+    }
+
+    /// A turn of a program that polls its CQ ([`DataPath::poll`] is the
+    /// data path thread's): an ACK this program's turns owe its peers
+    /// waits up to `hold` ns of turns that send nothing for the program's
+    /// next request, so that both leave in one kick. A program that
+    /// answers a message (an MPI rank's ping-pong, `ib_send_lat`) reads
+    /// the completion, matches it and posts its reply a few microseconds
+    /// after the turn that received it; its polls of other CQs meanwhile
+    /// (UCX polls four) are turns too, and kicking on the first of them
+    /// sent the ACK alone: a second sendto, whose veth transmit and the
+    /// peer's XDP run on this CPU before the reply can go.
+    pub fn poll_holding_acks(&mut self, hold: Nanos) -> (bool, Option<Nanos>) {
         let now = self.now();
         self.turn_at = now;
         let mut work = self.core.pump_rings();
@@ -393,14 +407,17 @@ impl DataPath {
             // In copy mode every kick is a sendto that runs the veth transmit
             // and the peer's XDP program on this CPU. When this turn received
             // packets and answered them (ACKs), the application is likely to
-            // post its next request right away: wait one turn so that both
-            // leave in one syscall instead of two. The next turn always kicks.
+            // post its next request right away: wait (one turn, or `hold`
+            // ns of turns that send nothing) so that both leave in one
+            // syscall instead of two.
             let rx_work = work;
-            if sent > 0 && rx_work && !self.kick_deferred {
-                self.kick_deferred = true;
-            } else {
-                self.kick_deferred = false;
-                x.kick();
+            match self.kick_deferred {
+                None if sent > 0 && rx_work => self.kick_deferred = Some(now),
+                Some(t0) if sent == 0 && now.saturating_sub(t0) < hold => {}
+                _ => {
+                    self.kick_deferred = None;
+                    x.kick();
+                }
             }
             // Packets sent that leave the rest to DCQCN's pacing are not a
             // reason to spin: nothing more can go before the pacing
@@ -437,12 +454,12 @@ impl DataPath {
     /// A kick this turn deferred (to send an ACK with the next request in
     /// one syscall) is still to come.
     pub fn kick_pending(&self) -> bool {
-        self.kick_deferred
+        self.kick_deferred.is_some()
     }
 
     /// Does the kick a turn deferred now.
     pub fn flush_kick(&mut self) {
-        if std::mem::take(&mut self.kick_deferred) {
+        if self.kick_deferred.take().is_some() {
             if let Some(x) = self.xsks.first_mut() {
                 x.kick();
             }

@@ -194,7 +194,7 @@ pub fn shared_data_path_loop(
         // for. Waking for them only preempts
         // it (a cross-CPU wake-up and two context switches, 7-10 us
         // here), so while it polls this thread waits for its doorbell.
-        let to_program = adaptive && d.core.frames_can_wait_for_polls();
+        let to_program = adaptive && d.core.frames_can_wait_for_polls(now);
         drop(d);
         match &doorbell {
             Some(bell) => backoff.after_poll_waiting(

@@ -63,3 +63,25 @@ pub fn frames(core: &mut Core, now: u64) -> Vec<Vec<u8>> {
         out.push(buf[..n].to_vec());
     }
 }
+
+/// Connects `x`'s QP to `y`'s over 10.9.0.0/24 (the sides' `last` bytes
+/// make their MACs and addresses), PSNs 1000 * `last`, path MTU 1024, 4 READs or atomics
+/// outstanding.
+pub fn connect(x: &mut Side, y: &Side, last: (u8, u8)) {
+    use rdma_user::device::datapath::{Connect, Path};
+    use std::net::{IpAddr, Ipv4Addr};
+    let ip = |b| IpAddr::V4(Ipv4Addr::new(10, 9, 0, b));
+    let path = Path {
+        local_mac: [2, 0, 0, 0, 0, last.0],
+        peer_mac: [2, 0, 0, 0, 0, last.1],
+        local_ip: ip(last.0),
+        peer_ip: ip(last.1),
+        vlan: None,
+    };
+    let psn = |b: u8| 1000 * b as u32;
+    let c = Connect {
+        max_rd_atomic: 4,
+        ..Connect::new(y.qpn, psn(last.1), psn(last.0), 1024)
+    };
+    x.core.connect_qp(x.qpn, path, &c).unwrap();
+}

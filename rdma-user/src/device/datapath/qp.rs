@@ -8,7 +8,7 @@ use super::{CcConfig, Connect, Core, Path, Result};
 use crate::device::error::DeviceError;
 use crate::device::rings::{QpRings, SrqShared};
 use crate::memory::Access;
-use crate::transport::{QpAttr, QpCap, QpEngine, QpState, QpType, Wc, WcOpcode};
+use crate::transport::{Nanos, QpAttr, QpCap, QpEngine, QpState, QpType, Wc, WcOpcode};
 use crate::wire::gid_of;
 use crate::wire::RoceRepr;
 
@@ -32,10 +32,10 @@ pub(super) struct QpSlot {
     pub(super) srq: Option<Arc<SrqShared>>,
     /// Its part in the XDP responder.
     pub(super) lend: xdp_responder::Lend,
-    /// The engine answered a remote access on it (a WRITE without
-    /// immediate, a READ or an atomic from the peer): see
+    /// When the engine last answered a remote access on it (a WRITE
+    /// without immediate, a READ or an atomic from the peer): see
     /// `frames_can_wait_for_polls`.
-    pub(super) remote_access_seen: bool,
+    pub(super) last_remote_access: Option<Nanos>,
 }
 
 impl QpSlot {
@@ -106,7 +106,7 @@ impl Core {
                 state_seen: QpState::Reset,
                 srq: None,
                 lend: Default::default(),
-                remote_access_seen: false,
+                last_remote_access: None,
             },
         );
         self.qp_order.push(qpn);

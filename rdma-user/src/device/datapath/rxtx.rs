@@ -115,7 +115,7 @@ impl Core {
             // it leaves the program's polls in charge of the QP's frames.
             let touches_memory = !payload.is_empty() || !f.has(OpFlags::WRITE);
             if remote_access && touches_memory {
-                slot.remote_access_seen = true;
+                slot.last_remote_access = Some(now);
             }
             if f.any(OpFlags::REQUEST | OpFlags::RESERVED) {
                 slot.lend

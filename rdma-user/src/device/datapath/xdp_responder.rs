@@ -31,7 +31,7 @@ use super::{Core, QpSlot};
 use crate::device::error::DeviceError;
 use crate::io::xdp::XdpResponderMaps;
 use crate::memory::{Access, Backing, PagePool};
-use crate::transport::{QpState, QpType, RespSnapshot};
+use crate::transport::{Nanos, QpState, QpType, RespSnapshot};
 use crate::wire::{opcode, syndrome, AethRepr, BthRepr, IpRepr, RoceRepr, TransportRepr, ICRC_LEN};
 
 type Result<T> = std::result::Result<T, DeviceError>;
@@ -115,6 +115,13 @@ pub(super) struct Lend {
 /// The first hold of a QP whose lend a SEND ended, and the longest: a
 /// QP that takes only SENDs is then handed over a hundred times a second
 /// at most, and one that takes WRITEs again is lent again at once.
+/// How long after a QP's last remote access its frames go on waking the
+/// data path thread (see `Core::frames_can_wait_for_polls`): several of
+/// the longest inline holds, so that a program that waits on memory for a
+/// stream of WRITEs (`ib_write_lat`) keeps its wake-ups.
+const REMOTE_ACCESS_QUIET_NS: u64 = 10_000_000;
+const _: () = assert!(REMOTE_ACCESS_QUIET_NS >= 3 * crate::device::rings::INLINE_HOLD_MAX_NS);
+
 const HOLD_MIN_NS: u64 = 10_000;
 const HOLD_MAX_NS: u64 = 10_000_000;
 
@@ -423,20 +430,24 @@ impl Core {
     /// Whether the frames the peers send can wait for the program's next
     /// poll of its CQ (inline progress) instead of waking the library's
     /// data path thread: for every QP, either XDP holds its responder, or
-    /// the engine never had to answer a remote access (WRITE without
-    /// immediate, READ, atomic) on it. Such requests complete nothing
-    /// here, and a program waits for them spinning on memory, not polling
-    /// (`ib_write_lat`'s passive side); everything else a peer sends
-    /// (SENDs, WRITEs with immediate, the answers to our own requests)
-    /// ends in a completion the program polls for. (A QP's first remote
-    /// access can thus wait for the program's next poll, at most
-    /// `INLINE_HOLD_MAX_NS`; from then on the thread takes its frames.)
-    pub fn frames_can_wait_for_polls(&self) -> bool {
+    /// the engine has not had to answer a remote access (WRITE without
+    /// immediate, READ, atomic) on it for `REMOTE_ACCESS_QUIET_NS`. Such
+    /// requests complete nothing here, and a program waits for them
+    /// spinning on memory, not polling (`ib_write_lat`'s passive side);
+    /// everything else a peer sends (SENDs, WRITEs with immediate, the
+    /// answers to our own requests) ends in a completion the program polls
+    /// for. (A QP's first remote access after a quiet spell can thus wait
+    /// for the program's next poll, at most `INLINE_HOLD_MAX_NS`; while
+    /// they keep coming the thread takes its frames. An MPI rank's
+    /// rendezvous READs come now and then, between long runs of SENDs its
+    /// progress loop polls for.)
+    pub fn frames_can_wait_for_polls(&self, now: Nanos) -> bool {
         !self.qps.is_empty()
-            && self
-                .qps
-                .values()
-                .all(|s| (s.qp.qp_type() == QpType::Rc && s.lend.lent) || !s.remote_access_seen)
+            && self.qps.values().all(|s| {
+                (s.qp.qp_type() == QpType::Rc && s.lend.lent)
+                    || s.last_remote_access
+                        .is_none_or(|t| now.saturating_sub(t) >= REMOTE_ACCESS_QUIET_NS)
+            })
     }
 
     /// Lends the QPs whose responders are quiescent to XDP. Run on a turn
