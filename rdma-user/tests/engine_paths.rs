@@ -369,3 +369,57 @@ fn same_bytes_as_rxe_for_multi_packet_read_responses() {
         );
     }
 }
+
+// ------------------------------------------------------------- frame order
+
+/// The opcodes `order` takes from our QP now, one packet at a time.
+fn opcodes(b: &mut Bench, order: TxOrder) -> Vec<u8> {
+    let mut buf = vec![0u8; 4096];
+    let mut out = Vec::new();
+    while let Some(t) =
+        b.n.qp
+            .poll_transmit_ordered(b.now, &b.n.mem, &mut buf, order)
+    {
+        assert!(t.len > 0);
+        // The segment starts with the BTH, whose first byte is the opcode.
+        out.push(buf[0]);
+    }
+    out
+}
+
+#[test]
+fn a_post_goes_before_the_ack_it_answers_and_polls_hold_acks() {
+    // The peer's SEND arrives: we owe it an ACK. Then the program posts.
+    let mut b = Bench::new(1024, 0x100, 0x10);
+    b.recv(1, 64);
+    b.req(opcode::RC_SEND_ONLY, 0x10, true, none, b"ping");
+    post_write(&mut b, 2, 8);
+    assert_eq!(
+        opcodes(&mut b, TxOrder::RequestsFirst),
+        [opcode::RC_RDMA_WRITE_ONLY, opcode::RC_ACKNOWLEDGE]
+    );
+
+    let mut b = Bench::new(1024, 0x100, 0x10);
+    b.recv(1, 64);
+    b.req(opcode::RC_SEND_ONLY, 0x10, true, none, b"ping");
+    post_write(&mut b, 2, 8);
+    assert_eq!(
+        opcodes(&mut b, TxOrder::ResponsesFirst),
+        [opcode::RC_ACKNOWLEDGE, opcode::RC_RDMA_WRITE_ONLY]
+    );
+
+    // A poll holding ACKs sends requests only; the ACK waits, then goes.
+    let mut b = Bench::new(1024, 0x100, 0x10);
+    b.recv(1, 64);
+    b.req(opcode::RC_SEND_ONLY, 0x10, true, none, b"ping");
+    assert!(opcodes(&mut b, TxOrder::RequestsOnly).is_empty());
+    post_write(&mut b, 2, 8);
+    assert_eq!(
+        opcodes(&mut b, TxOrder::RequestsOnly),
+        [opcode::RC_RDMA_WRITE_ONLY]
+    );
+    assert_eq!(
+        opcodes(&mut b, TxOrder::ResponsesFirst),
+        [opcode::RC_ACKNOWLEDGE]
+    );
+}

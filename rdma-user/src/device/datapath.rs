@@ -29,7 +29,7 @@ pub type Result<T, E = DeviceError> = std::result::Result<T, E>;
 
 use crate::io::xsk::{SharedMem, Xsk};
 use crate::memory::MrTable;
-use crate::transport::Nanos;
+use crate::transport::{Nanos, TxOrder};
 
 use super::rings::{AsyncShared, Doorbell};
 use crate::wire::{
@@ -204,6 +204,9 @@ pub struct Core {
     /// The last `build_frame` left a QP's packets to DCQCN's pacing (its
     /// deadline is among the timers).
     tx_paced: bool,
+    /// The order in which frames built now take a QP's packets: see
+    /// [`Turn`].
+    tx_order: TxOrder,
     qp_order: Vec<u32>,
     /// Rung by posters and control calls while the thread waits.
     pub doorbell: Option<Arc<Doorbell>>,
@@ -235,8 +238,36 @@ pub struct DataPath {
     clock: Instant,
     /// When the last turn ([`DataPath::poll`]) started, on `clock`.
     turn_at: Nanos,
-    /// Since when TX kicks are being skipped (see `poll_holding_acks`).
-    kick_deferred: Option<Nanos>,
+    /// A TX kick skipped last turn (see `poll`).
+    kick_deferred: bool,
+    /// Since when a program's turns hold the responses (ACKs) they owe
+    /// back (see [`Turn::Poll`]).
+    acks_held: Option<Nanos>,
+}
+
+/// Who takes a turn of the data path, which decides when its frames go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Turn {
+    /// The data path thread, or a tool's own loop: frames go at once, but
+    /// a turn that received and answered (ACKs) leaves its kick to the
+    /// next turn, so that a request posted meanwhile goes in the same
+    /// syscall.
+    Thread,
+    /// A program that polls its CQ. What a turn that received requests
+    /// owes (ACKs) is held back for up to `hold_acks` ns of its turns that
+    /// receive no more requests, waiting for the program's next post;
+    /// requests go. A program that answers a message (an MPI
+    /// rank's ping-pong, `ib_send_lat`) reads the completion, matches it
+    /// and posts its reply a few microseconds after the turn that received
+    /// it; its polls of other CQs meanwhile (UCX polls four) are turns
+    /// too, and sending the ACK on the first of them took a sendto of its
+    /// own, whose veth transmit and the peer's XDP run on this CPU before
+    /// the reply can go.
+    Poll { hold_acks: Nanos },
+    /// A program's post: everything goes at once, requests before the
+    /// ACKs held for them (`QpEngine::poll_transmit_ordered`), so that the
+    /// peer, spinning, takes the request while this CPU still moves the ACK.
+    Post,
 }
 
 /// Fresh entropy for keys and PSNs.
@@ -270,6 +301,7 @@ impl Core {
             rng: seed,
             rr: 0,
             tx_paced: false,
+            tx_order: TxOrder::ResponsesFirst,
             qp_order: Vec::new(),
             doorbell: None,
             async_events: None,
@@ -299,7 +331,8 @@ impl DataPath {
             shard: None,
             clock: Instant::now(),
             turn_at: 0,
-            kick_deferred: None,
+            kick_deferred: false,
+            acks_held: None,
         }
     }
 
@@ -332,23 +365,15 @@ impl DataPath {
     /// One turn of the loop: receive, timers, transmit. Returns whether any
     /// packet moved (for adaptive polling) and the next timer deadline.
     pub fn poll(&mut self) -> (bool, Option<Nanos>) {
-        self.poll_holding_acks(0)
+        self.poll_as(Turn::Thread)
     }
 
-    /// A turn of a program that polls its CQ ([`DataPath::poll`] is the
-    /// data path thread's): an ACK this program's turns owe its peers
-    /// waits up to `hold` ns of turns that send nothing for the program's
-    /// next request, so that both leave in one kick. A program that
-    /// answers a message (an MPI rank's ping-pong, `ib_send_lat`) reads
-    /// the completion, matches it and posts its reply a few microseconds
-    /// after the turn that received it; its polls of other CQs meanwhile
-    /// (UCX polls four) are turns too, and kicking on the first of them
-    /// sent the ACK alone: a second sendto, whose veth transmit and the
-    /// peer's XDP run on this CPU before the reply can go.
-    pub fn poll_holding_acks(&mut self, hold: Nanos) -> (bool, Option<Nanos>) {
+    /// [`DataPath::poll`] as `who` takes it.
+    pub fn poll_as(&mut self, who: Turn) -> (bool, Option<Nanos>) {
         let now = self.now();
         self.turn_at = now;
         let mut work = self.core.pump_rings();
+        let requests_before = self.core.stats.rx_requests;
         let core = &mut self.core;
         let mut received = false;
         // Every receive ring was read empty this turn.
@@ -383,6 +408,28 @@ impl DataPath {
             core.lend_idle(now);
         }
         let next = core.handle_timers(now);
+        core.tx_order = match who {
+            Turn::Thread => TxOrder::ResponsesFirst,
+            Turn::Post => TxOrder::RequestsFirst,
+            Turn::Poll { hold_acks } => {
+                // More requests before the program's post: a stream,
+                // whose sender waits for the ACKs, not a message to answer.
+                let requests = core.stats.rx_requests != requests_before;
+                let hold = match self.acks_held {
+                    None => requests,
+                    Some(t0) => !requests && now.saturating_sub(t0) < hold_acks,
+                };
+                if hold {
+                    self.acks_held.get_or_insert(now);
+                    TxOrder::RequestsOnly
+                } else {
+                    TxOrder::ResponsesFirst
+                }
+            }
+        };
+        if core.tx_order != TxOrder::RequestsOnly {
+            self.acks_held = None;
+        }
         if let Some(x) = self.xsks.first_mut() {
             let mut sent = 0;
             let mut emptied = false;
@@ -403,21 +450,19 @@ impl DataPath {
                     break;
                 }
             }
+            core.tx_order = TxOrder::ResponsesFirst;
             core.stats.tx_frames += sent;
             // In copy mode every kick is a sendto that runs the veth transmit
-            // and the peer's XDP program on this CPU. When this turn received
-            // packets and answered them (ACKs), the application is likely to
-            // post its next request right away: wait (one turn, or `hold`
-            // ns of turns that send nothing) so that both leave in one
-            // syscall instead of two.
-            let rx_work = work;
-            match self.kick_deferred {
-                None if sent > 0 && rx_work => self.kick_deferred = Some(now),
-                Some(t0) if sent == 0 && now.saturating_sub(t0) < hold => {}
-                _ => {
-                    self.kick_deferred = None;
-                    x.kick();
-                }
+            // and the peer's XDP program on this CPU. When a turn received
+            // packets and sent (ACKs, or a stream's next requests as its
+            // ACKs come in), more is likely to follow right away (the
+            // program's next post): wait one turn so that both leave in
+            // one syscall instead of two. The next turn always kicks.
+            if sent > 0 && work && !self.kick_deferred {
+                self.kick_deferred = true;
+            } else {
+                self.kick_deferred = false;
+                x.kick();
             }
             // Packets sent that leave the rest to DCQCN's pacing are not a
             // reason to spin: nothing more can go before the pacing
@@ -454,12 +499,20 @@ impl DataPath {
     /// A kick this turn deferred (to send an ACK with the next request in
     /// one syscall) is still to come.
     pub fn kick_pending(&self) -> bool {
-        self.kick_deferred.is_some()
+        self.kick_deferred || self.acks_held.is_some()
     }
 
-    /// Does the kick a turn deferred now.
+    /// A program's polls hold ACKs back (see [`Turn::Poll`]).
+    pub fn acks_held(&self) -> bool {
+        self.acks_held.is_some()
+    }
+
+    /// Does the kick a turn deferred now, and sends the ACKs held back.
     pub fn flush_kick(&mut self) {
-        if self.kick_deferred.take().is_some() {
+        if self.acks_held.take().is_some() {
+            self.poll();
+        }
+        if std::mem::take(&mut self.kick_deferred) {
             if let Some(x) = self.xsks.first_mut() {
                 x.kick();
             }

@@ -40,7 +40,7 @@ mod wr;
 pub use completer::{ack_timeout_ns, rnr_timer_ns};
 pub use qp::{
     pkey_matches, AttrMask, ModifyError, QpAttr, QpCap, QpEngine, QpState, QpStats, QpType,
-    Transmit, MAX_RD_ATOMIC,
+    Transmit, TxOrder, MAX_RD_ATOMIC,
 };
 pub use requester::{check_send, MAX_PKT_PER_ACK, RETRY_WINDOW};
 pub use responder::{check_recv, RespConsts, RespSnapshot};

@@ -419,6 +419,22 @@ fn mtu_ok(m: u32) -> bool {
     matches!(m, 256 | 512 | 1024 | 2048 | 4096)
 }
 
+/// Which of a QP's packets [`QpEngine::poll_transmit_ordered`] takes first.
+/// CNPs always go first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TxOrder {
+    /// Responses (ACKs, READ responses, atomic answers) before requests,
+    /// so that the peer's requests are never starved.
+    ResponsesFirst,
+    /// A program's post: its request before the ACKs it owes, so that the
+    /// peer, spinning, takes the request while this CPU still moves the
+    /// ACK (copy mode on a veth runs the peer's receive in the sender's
+    /// syscall).
+    RequestsFirst,
+    /// Requests only: the responses wait for the program's next post.
+    RequestsOnly,
+}
+
 /// What [`QpEngine::poll_transmit`] wrote.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Transmit {
@@ -880,6 +896,17 @@ impl QpEngine {
     /// the driver adds the network headers and ICRC) and returns its length.
     /// Responses go first so the peer's requests are never starved.
     pub fn poll_transmit(&mut self, now: Nanos, mem: &MrTable, buf: &mut [u8]) -> Option<Transmit> {
+        self.poll_transmit_ordered(now, mem, buf, TxOrder::ResponsesFirst)
+    }
+
+    /// [`QpEngine::poll_transmit`] in the order `order` says.
+    pub fn poll_transmit_ordered(
+        &mut self,
+        now: Nanos,
+        mem: &MrTable,
+        buf: &mut [u8],
+        order: TxOrder,
+    ) -> Option<Transmit> {
         if buf.len() < self.max_segment_len() {
             return None;
         }
@@ -922,9 +949,16 @@ impl QpEngine {
             let (len, ah) = self.poll_datagram(mem, buf)?;
             (len, Some(ah))
         } else {
-            let len = match self.poll_response(mem, buf) {
-                Some(n) => n,
-                None => self.poll_request(now, mem, buf)?,
+            let len = match order {
+                TxOrder::ResponsesFirst => match self.poll_response(mem, buf) {
+                    Some(n) => n,
+                    None => self.poll_request(now, mem, buf)?,
+                },
+                TxOrder::RequestsFirst => match self.poll_request(now, mem, buf) {
+                    Some(n) => n,
+                    None => self.poll_response(mem, buf)?,
+                },
+                TxOrder::RequestsOnly => self.poll_request(now, mem, buf)?,
             };
             (len, None)
         };

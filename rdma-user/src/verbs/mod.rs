@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
-use crate::device::datapath::{CcConfig, Connect, DataPath, Path};
+use crate::device::datapath::{CcConfig, Connect, DataPath, Path, Turn};
 use crate::device::error::DeviceError;
 use crate::device::rings::{AsyncShared, CqShared, Doorbell, OwnedRecvWr, OwnedSendWr, QpRings};
 use crate::device::runner::shared_data_path_loop;
@@ -23,11 +23,12 @@ use crate::device::standalone::{Attachment, Standalone};
 use crate::io::xdp::XdpMode;
 use crate::memory::Access;
 
-/// How long a program's turns hold an ACK back for its next request (see
-/// [`DataPath::poll_holding_acks`]): an MPI rank over UCX posts its reply
-/// 1-3 us after the turn that received the message. Measured on an 8-byte
-/// MPI ping-pong over `pml ucx`: 1.9 sendto calls per round trip and
-/// 8.9 us without the hold, 1.0 and 6.2 us with it.
+/// How long a program's polls hold the ACKs they owe back for its next
+/// post (see [`Turn::Poll`]): an MPI rank over UCX posts its reply 1-3 us
+/// after the turn that received the message. An 8-byte MPI ping-pong over
+/// `pml ucx` took 1.9 sendto calls per round trip and 8.9 us without the
+/// hold, 1.0 and 6.2 us with it, and 4.8 us once the reply went before
+/// the ACK.
 const ACK_HOLD_NS: u64 = 5_000;
 use crate::transport::{PostError, QpAttr, QpCap, QpState, QpType, RecvWr, SendWr, Sge, Wc};
 
@@ -163,19 +164,35 @@ fn stats_wanted() -> bool {
     std::env::var_os("RDMA_XDP_STATS").is_some()
 }
 
-/// The contexts still open, for RDMA_XDP_STATS at exit: a program may
-/// exit without closing its device (perftest's passive read and atomic
-/// latency servers do), and its counters are wanted all the same.
+/// The contexts still open, for the `atexit` hook: a program may exit
+/// without closing its device (perftest's passive read and atomic latency
+/// servers do, and so does `fi_pingpong`). What its data path still owes
+/// the peers (the ACK of the last message, held for a reply that never
+/// comes) must leave all the same, and with RDMA_XDP_STATS its counters
+/// are wanted too.
 static OPEN: Mutex<Vec<std::sync::Weak<Inner>>> = Mutex::new(Vec::new());
 
-/// Prints the counters of every context still open (an `atexit` hook).
-extern "C" fn print_open_stats() {
+/// Flushes every context still open, and prints its counters when asked
+/// (an `atexit` hook).
+extern "C" fn at_exit() {
     let open: Vec<_> = match OPEN.lock() {
         Ok(mut v) => v.drain(..).filter_map(|w| w.upgrade()).collect(),
         Err(_) => return,
     };
     for inner in open {
-        inner.print_stats();
+        // The data path thread lets go between turns; a program thread
+        // stuck holding it (it never should) is not waited for long.
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < std::time::Duration::from_millis(100) {
+            if let Ok(mut dp) = inner.dp.try_lock() {
+                flush(&mut dp);
+                break;
+            }
+            std::thread::yield_now();
+        }
+        if stats_wanted() {
+            inner.print_stats();
+        }
     }
 }
 
@@ -248,17 +265,15 @@ impl Context {
             mac,
             doorbell,
         });
-        if stats_wanted() {
-            static HOOK: std::sync::Once = std::sync::Once::new();
-            // SAFETY: registers a plain function that takes no argument
-            // and touches only our own statics and live contexts.
-            HOOK.call_once(|| unsafe {
-                libc::atexit(print_open_stats);
-            });
-            if let Ok(mut v) = OPEN.lock() {
-                v.retain(|w| w.strong_count() > 0);
-                v.push(Arc::downgrade(&inner));
-            }
+        static HOOK: std::sync::Once = std::sync::Once::new();
+        // SAFETY: registers a plain function that takes no argument and
+        // touches only our own statics and live contexts.
+        HOOK.call_once(|| unsafe {
+            libc::atexit(at_exit);
+        });
+        if let Ok(mut v) = OPEN.lock() {
+            v.retain(|w| w.strong_count() > 0);
+            v.push(Arc::downgrade(&inner));
         }
         Ok(Context { inner })
     }
@@ -290,7 +305,16 @@ impl Context {
         &self,
         f: impl FnOnce(&mut DataPath) -> std::result::Result<R, E>,
     ) -> Result<R> {
-        let r = f(&mut *self.lock()?).map_err(Into::into);
+        let mut dp = self.lock()?;
+        // ACKs the program's polls held back for a reply go before any
+        // control call: one that moves the QP to the error state
+        // (rdma_disconnect does) or destroys it would lose them, and the
+        // peer's last message would retry until RETRY_EXC_ERR.
+        if dp.acks_held() {
+            dp.flush_kick();
+        }
+        let r = f(&mut dp).map_err(Into::into);
+        drop(dp);
         // The call may have queued work or moved a deadline.
         self.inner.doorbell.ring();
         r
@@ -303,7 +327,12 @@ impl Context {
     pub fn progress(&self) -> bool {
         match self.inner.dp.try_lock() {
             Ok(mut dp) => {
-                self.turn(&mut dp);
+                self.turn(
+                    &mut dp,
+                    Turn::Poll {
+                        hold_acks: ACK_HOLD_NS,
+                    },
+                );
                 true
             }
             Err(_) => false,
@@ -323,7 +352,7 @@ impl Context {
         let mut dp = self.inner.dp.try_lock().ok()?;
         let r = dp.core.post_send_direct(qpn, rings, wr)?;
         if r.is_ok() {
-            self.turn(&mut dp);
+            self.turn(&mut dp, Turn::Post);
         }
         Some(r)
     }
@@ -343,16 +372,16 @@ impl Context {
     }
 
     /// One turn of the data path on the calling thread, which holds it.
-    fn turn(&self, dp: &mut DataPath) {
-        let next = dp.poll_holding_acks(ACK_HOLD_NS).1;
+    fn turn(&self, dp: &mut DataPath, who: Turn) {
+        let next = dp.poll_as(who).1;
         let now = dp.turn_at();
         self.inner.doorbell.inline_turn(now);
-        // A turn that answered what it received (ACKs) leaves the
-        // kick to the next turn, so that the program's next send
-        // takes them along in one syscall: the program's next
-        // post or poll, or the data path thread's turn, if that
-        // comes within the longest inline hold. Otherwise nobody
-        // may take a turn for long: kick now.
+        // A turn that answered what it received (ACKs) leaves them to
+        // the next turns, so that the program's next send takes them
+        // along in one syscall: the program's next post or poll, or
+        // the data path thread's turn, if that comes within the
+        // longest inline hold. Otherwise nobody may take a turn for
+        // long: send them now.
         if dp.kick_pending()
             && !self
                 .inner

@@ -118,6 +118,7 @@ impl Core {
                 slot.last_remote_access = Some(now);
             }
             if f.any(OpFlags::REQUEST | OpFlags::RESERVED) {
+                self.stats.rx_requests += 1;
                 slot.lend
                     .request_at_engine(now, remote_access, slot.lend.lent);
                 if slot.lend.lent {
@@ -210,7 +211,10 @@ impl Core {
                 too_small = true;
                 continue;
             }
-            if let Some(tx) = slot.qp.poll_transmit(now, &self.mem, &mut buf[hl..]) {
+            if let Some(tx) =
+                slot.qp
+                    .poll_transmit_ordered(now, &self.mem, &mut buf[hl..], self.tx_order)
+            {
                 let net = match tx.ah {
                     None => slot.net.as_mut(),
                     Some(ah) => {

@@ -9,6 +9,8 @@ use crate::wire::WireError;
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
 pub struct DpStats {
     pub rx_frames: u64,
+    /// RC requests handed to an engine (they are owed responses).
+    pub rx_requests: u64,
     pub tx_frames: u64,
     pub rx_truncated: u64,
     /// Not IPv4/IPv6 (after at most one VLAN tag).
