@@ -41,7 +41,7 @@ pub(crate) fn goals(quick: bool) -> Result<()> {
     };
     let records = alternated(&bl, quick);
     drop(lab);
-    write_out("goals", &records, &alternated_table(&records))
+    write_out("goals", &records, &alternated_table(&records, GOALS_AGAIN))
 }
 
 /// Writes `target/bench/{json}.json` (the records) and `{md}.md` (their
@@ -716,7 +716,7 @@ pub(crate) fn summary(r: &[Value]) -> String {
             m("msg_rate_mpps")
         );
     }
-    s += &alternated_table(r);
+    s += &alternated_table(r, GOALS_AGAIN);
     s
 }
 
@@ -888,8 +888,11 @@ fn median(x: &[f64]) -> Option<f64> {
     }
 }
 
-/// The alternated records as a table.
-pub(crate) fn alternated_table(r: &[Value]) -> String {
+const GOALS_AGAIN: &str =
+    "The goals again, each pair's sides back to back, the order flipped every round:";
+
+/// The alternated records as a table, after `intro`.
+pub(crate) fn alternated_table(r: &[Value], intro: &str) -> String {
     let rows: Vec<&Value> = r.iter().filter(|x| x["test"] == "alternated").collect();
     if rows.is_empty() {
         return String::new();
@@ -905,8 +908,8 @@ pub(crate) fn alternated_table(r: &[Value]) -> String {
             })
             .unwrap_or_default()
     };
-    let mut s = String::from(
-        "\nThe goals again, each pair's sides back to back, the order flipped every round:\n\n| target | A | B | ratio per round | median | goal |\n|---|---|---|---|---|---|\n",
+    let mut s = format!(
+        "\n{intro}\n\n| target | A | B | ratio per round | median | goal |\n|---|---|---|---|---|---|\n"
     );
     for x in rows {
         s += &format!(

@@ -282,9 +282,9 @@ pub(crate) fn bench_engines(quick: bool) -> Result<()> {
     drop(pairs);
     let _ = std::fs::remove_file(&e.rsh_agent);
     drop(lab);
-    let md = format!(
-        "The engines over the drop-in library on a veth pair, each against its reference.{}",
-        bench::alternated_table(&records)
+    let md = bench::alternated_table(
+        &records,
+        "The engines over the drop-in library on a veth pair, each against its reference; each pair's sides back to back, the order flipped every round:",
     );
     bench::write_out("engines", &records, &md)
 }

@@ -25,11 +25,12 @@ static unsigned char pattern(int from, long i, int round)
 
 static void pingpong(long n, int rounds)
 {
-	unsigned char *buf = malloc(n ? n : 1);
+	unsigned char *buf;
 	int peer = rank ^ 1;
 
-	if (peer >= size)
+	if (peer >= size || n < 0)
 		return;
+	buf = malloc(n ? n : 1);
 	for (int r = 0; r < rounds; r++) {
 		if (rank % 2 == 0) {
 			for (long i = 0; i < n; i++)
