@@ -1,8 +1,9 @@
 //! The engines over the drop-in library, unmodified Debian 12 packages
 //! host to host: `rdma-xdp exec` shows our device where they look for it
 //! (sysfs, `/dev/infiniband`), pyverbs lists it, UCX runs its UCT and UCP
-//! tests over `rc_verbs` and `ud_verbs`, and Open MPI runs a checked MPI
-//! program with `pml ucx`.
+//! tests over `rc_verbs` and `ud_verbs`, Open MPI runs a checked MPI
+//! program with `pml ucx` and with `mtl ofi`, and libfabric's verbs
+//! provider runs `fi_pingpong`.
 
 mod lab;
 
@@ -198,11 +199,11 @@ fn rsh_agent(lab: &lab::Lab) -> std::path::PathBuf {
     p
 }
 
-#[test]
-fn open_mpi_runs_a_checked_program_over_pml_ucx() {
-    library();
-    let _g = lab::serial();
-    let lab = lab_with_rxe0();
+/// `mpirun` with one rank in each namespace, launched from host 0 through
+/// the rsh agent, each rank under `rdma-xdp exec`: the checked MPI program
+/// over the transport `mca` selects (plus `env`, exported to the ranks).
+/// Returns mpirun's output after checking the program's results.
+fn mpi_check(lab: &lab::Lab, mca: &[&str], env: &[&str]) -> String {
     let prog = std::env::temp_dir().join(format!("mpi_check-{}", std::process::id()));
     let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/mpi_check.c");
     let cc = std::process::Command::new("mpicc")
@@ -212,43 +213,33 @@ fn open_mpi_runs_a_checked_program_over_pml_ucx() {
         .output()
         .expect("mpicc (libopenmpi-dev)");
     assert!(cc.status.success(), "mpicc: {}", text(&cc));
-    let agent = rsh_agent(&lab);
+    let agent = rsh_agent(lab);
     let hosts = format!("{},{}", lab.addr[0], lab.addr[1]);
     let net = format!("{}/24", lab.addr[0]);
-    let out = lab.exec(
-        0,
-        "timeout",
-        &[
-            "120",
-            "mpirun",
-            "--allow-run-as-root",
-            // Both "hosts" are this machine: bound ranks would share a core.
-            "--bind-to",
-            "none",
-            "-np",
-            "2",
-            "-H",
-            &hosts,
-            "--mca",
-            "plm_rsh_agent",
-            agent.to_str().unwrap(),
-            "--mca",
-            "oob_tcp_if_include",
-            &net,
-            "--mca",
-            "pml",
-            "ucx",
-            "--mca",
-            "pml_ucx_verbose",
-            "10",
-            "-x",
-            "UCX_NET_DEVICES=rxe0:1",
-            lab::BIN,
-            "exec",
-            "--",
-            prog.to_str().unwrap(),
-        ],
-    );
+    let mut args = vec![
+        "120",
+        "mpirun",
+        "--allow-run-as-root",
+        // Both "hosts" are this machine: bound ranks would share a core.
+        "--bind-to",
+        "none",
+        "-np",
+        "2",
+        "-H",
+        &hosts,
+        "--mca",
+        "plm_rsh_agent",
+        agent.to_str().unwrap(),
+        "--mca",
+        "oob_tcp_if_include",
+        &net,
+    ];
+    args.extend_from_slice(mca);
+    for e in env {
+        args.extend_from_slice(&["-x", e]);
+    }
+    args.extend_from_slice(&[lab::BIN, "exec", "--", prog.to_str().unwrap()]);
+    let out = lab.exec(0, "timeout", &args);
     let _ = std::fs::remove_file(&agent);
     let _ = std::fs::remove_file(&prog);
     let all = text(&out);
@@ -261,11 +252,50 @@ fn open_mpi_runs_a_checked_program_over_pml_ucx() {
     ] {
         assert!(all.contains(want), "no {want:?}:\n{all}");
     }
+    all
+}
+
+#[test]
+fn open_mpi_runs_a_checked_program_over_pml_ucx() {
+    library();
+    let _g = lab::serial();
+    let lab = lab_with_rxe0();
+    let all = mpi_check(
+        &lab,
+        &["--mca", "pml", "ucx", "--mca", "pml_ucx_verbose", "10"],
+        &["UCX_NET_DEVICES=rxe0:1"],
+    );
     // pml ucx found our device's transports.
     assert!(
         all.contains("rc_verbs/rxe0:1: matched transport list"),
         "{all}"
     );
+}
+
+/// Open MPI's `mtl ofi` over libfabric's verbs provider (RDM endpoints
+/// through `ofi_rxm`).
+#[test]
+fn open_mpi_runs_a_checked_program_over_mtl_ofi() {
+    library();
+    let _g = lab::serial();
+    let lab = lab_with_rxe0();
+    let all = mpi_check(
+        &lab,
+        &[
+            "--mca",
+            "pml",
+            "cm",
+            "--mca",
+            "mtl",
+            "ofi",
+            "--mca",
+            "mtl_base_verbose",
+            "100",
+        ],
+        &["FI_PROVIDER=verbs;ofi_rxm"],
+    );
+    // The provider libfabric chose is our device's domain.
+    assert!(all.contains("mtl:ofi:provider: rxe0"), "{all}");
 }
 
 #[test]
