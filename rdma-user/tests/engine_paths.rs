@@ -387,21 +387,24 @@ fn opcodes(b: &mut Bench, order: TxOrder) -> Vec<u8> {
     out
 }
 
-#[test]
-fn a_post_goes_before_the_ack_it_answers_and_polls_hold_acks() {
-    // The peer's SEND arrives: we owe it an ACK. Then the program posts.
+/// The peer's SEND has arrived: we owe it an ACK.
+fn owing_an_ack() -> Bench {
     let mut b = Bench::new(1024, 0x100, 0x10);
     b.recv(1, 64);
     b.req(opcode::RC_SEND_ONLY, 0x10, true, none, b"ping");
+    b
+}
+
+#[test]
+fn a_post_goes_before_the_ack_it_answers_and_polls_hold_acks() {
+    let mut b = owing_an_ack();
     post_write(&mut b, 2, 8);
     assert_eq!(
         opcodes(&mut b, TxOrder::RequestsFirst),
         [opcode::RC_RDMA_WRITE_ONLY, opcode::RC_ACKNOWLEDGE]
     );
 
-    let mut b = Bench::new(1024, 0x100, 0x10);
-    b.recv(1, 64);
-    b.req(opcode::RC_SEND_ONLY, 0x10, true, none, b"ping");
+    let mut b = owing_an_ack();
     post_write(&mut b, 2, 8);
     assert_eq!(
         opcodes(&mut b, TxOrder::ResponsesFirst),
@@ -409,9 +412,7 @@ fn a_post_goes_before_the_ack_it_answers_and_polls_hold_acks() {
     );
 
     // A poll holding ACKs sends requests only; the ACK waits, then goes.
-    let mut b = Bench::new(1024, 0x100, 0x10);
-    b.recv(1, 64);
-    b.req(opcode::RC_SEND_ONLY, 0x10, true, none, b"ping");
+    let mut b = owing_an_ack();
     assert!(opcodes(&mut b, TxOrder::RequestsOnly).is_empty());
     post_write(&mut b, 2, 8);
     assert_eq!(

@@ -7,9 +7,7 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::net::{IpAddr, Ipv4Addr};
 
-use rdma_user::device::datapath::{Connect, Path};
 use rdma_user::device::standalone::NO_WC;
 use rdma_user::transport::{RecvWr, SendWr, Sge, WcStatus, WrOpcode};
 
@@ -66,21 +64,8 @@ const MR_LEN: usize = 1 << 20;
 const DEPTH: u32 = 32;
 
 fn connect(x: &mut Side, y: &Side, ips: (u8, u8), psns: (u32, u32)) {
-    let ip = |b| IpAddr::V4(Ipv4Addr::new(10, 9, 0, b));
-    let path = Path {
-        local_mac: [2, 0, 0, 0, 0, ips.0],
-        peer_mac: [2, 0, 0, 0, 0, ips.1],
-        local_ip: ip(ips.0),
-        peer_ip: ip(ips.1),
-        vlan: None,
-    };
-    let c = Connect {
-        max_rd_atomic: 4,
-        // 4.096 us * 2^6: timeouts fire within the simulated milliseconds.
-        timeout: 6,
-        ..Connect::new(y.qpn, psns.1, psns.0, 1024)
-    };
-    x.core.connect_qp(x.qpn, path, &c).unwrap();
+    // 4.096 us * 2^6: timeouts fire within the simulated milliseconds.
+    cores::connect_with(x, y, ips, psns, |c| c.timeout = 6);
 }
 
 /// Counters of one run of `ops` work requests, posted by A.

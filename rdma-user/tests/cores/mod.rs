@@ -65,9 +65,22 @@ pub fn frames(core: &mut Core, now: u64) -> Vec<Vec<u8>> {
 }
 
 /// Connects `x`'s QP to `y`'s over 10.9.0.0/24 (the sides' `last` bytes
-/// make their MACs and addresses), PSNs 1000 * `last`, path MTU 1024, 4 READs or atomics
-/// outstanding.
+/// make their MACs and addresses), PSNs 1000 * `last`, path MTU 1024, 4
+/// READs or atomics outstanding.
 pub fn connect(x: &mut Side, y: &Side, last: (u8, u8)) {
+    let psns = (1000 * last.0 as u32, 1000 * last.1 as u32);
+    connect_with(x, y, last, psns, |_| {});
+}
+
+/// [`connect`] with the PSNs `psns` (x's, y's) and `tweak` applied to the
+/// connection's attributes.
+pub fn connect_with(
+    x: &mut Side,
+    y: &Side,
+    last: (u8, u8),
+    psns: (u32, u32),
+    tweak: impl FnOnce(&mut rdma_user::device::datapath::Connect),
+) {
     use rdma_user::device::datapath::{Connect, Path};
     use std::net::{IpAddr, Ipv4Addr};
     let ip = |b| IpAddr::V4(Ipv4Addr::new(10, 9, 0, b));
@@ -78,10 +91,10 @@ pub fn connect(x: &mut Side, y: &Side, last: (u8, u8)) {
         peer_ip: ip(last.1),
         vlan: None,
     };
-    let psn = |b: u8| 1000 * b as u32;
-    let c = Connect {
+    let mut c = Connect {
         max_rd_atomic: 4,
-        ..Connect::new(y.qpn, psn(last.1), psn(last.0), 1024)
+        ..Connect::new(y.qpn, psns.1, psns.0, 1024)
     };
+    tweak(&mut c);
     x.core.connect_qp(x.qpn, path, &c).unwrap();
 }
