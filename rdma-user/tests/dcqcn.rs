@@ -47,6 +47,7 @@ fn connect(x: &mut Host, y: &Host) {
         local_ip: ip(x.last),
         peer_ip: ip(y.last),
         vlan: None,
+        traffic_class: 0,
     };
     let psn = |h: &Host| 1000 * h.last as u32;
     x.core
@@ -177,6 +178,7 @@ fn cnp_frame(opc: u8, from_last: u8, to_last: u8, qpn: u32) -> Vec<u8> {
         local_ip: ip(from_last),
         peer_ip: ip(to_last),
         vlan: None,
+        traffic_class: 0,
     };
     let mut r = path.template(0, qpn).unwrap();
     r.transport = TransportRepr::default();

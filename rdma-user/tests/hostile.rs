@@ -65,6 +65,7 @@ fn path(local: ([u8; 6], IpAddr), peer: ([u8; 6], IpAddr)) -> Path {
         local_ip: local.1,
         peer_ip: peer.1,
         vlan: None,
+        traffic_class: 0,
     }
 }
 
@@ -660,6 +661,7 @@ fn cm_classes_are_counted_and_leave_the_live_connection_alone() {
         local_ip: IP_A,
         peer_ip: IP_B,
         vlan: None,
+        traffic_class: 0,
     }
     .template(1, 1)
     .unwrap();

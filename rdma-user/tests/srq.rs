@@ -54,6 +54,7 @@ fn connect(x: &mut Host, y: &Host) {
             local_ip: ip(x.ip),
             peer_ip: ip(y.ip),
             vlan: None,
+            traffic_class: 0,
         };
         // rnr_retry 7 (infinite), min RNR timer 12 (0.64 ms).
         let c = Connect::new(y.qps[k], 5000 + k as u32, 7000 + k as u32, 1024);

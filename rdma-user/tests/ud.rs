@@ -72,6 +72,7 @@ fn ah_to(x: &mut Host, y: &Host) -> u32 {
         local_ip: IpAddr::V4(x.ip),
         peer_ip: IpAddr::V4(y.ip),
         vlan: None,
+        traffic_class: 0,
     };
     x.core.create_ah(path).unwrap()
 }

@@ -86,6 +86,7 @@ pub(crate) fn path_of(netdev: &str, a: &ibv_ah_attr) -> Result<Path, c_int> {
         local_ip,
         peer_ip,
         vlan: None,
+        traffic_class: a.grh.traffic_class,
     })
 }
 

@@ -792,6 +792,7 @@ async fn resolve_path(ctl: &Arc<Ctl>, peer: IpAddr, remote_mac: Option<String>) 
         local_ip: hostnet::local_addr_for(&ctl.iface, peer)?,
         peer_ip: peer,
         vlan: None,
+        traffic_class: 0,
     })
 }
 
@@ -888,6 +889,7 @@ async fn connect_via_peer(
         local_ip,
         peer_ip: addr.ip(),
         vlan: None,
+        traffic_class: 0,
     };
     connect_local(
         ctl,
@@ -932,6 +934,7 @@ async fn serve_peer(ctl: Arc<Ctl>, mut s: TcpStream, peer: SocketAddr) -> Result
             local_ip: hostnet::local_addr_for(&ctl.iface, peer_ip)?,
             peer_ip,
             vlan: None,
+            traffic_class: 0,
         };
         let v = connect_local(
             &ctl,

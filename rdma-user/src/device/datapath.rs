@@ -62,6 +62,11 @@ pub struct Path {
     pub local_ip: IpAddr,
     pub peer_ip: IpAddr,
     pub vlan: Option<u16>,
+    /// The IP header's DSCP (IPv4 TOS, IPv6 traffic class): the address
+    /// handle's `grh.traffic_class`, which rxe puts there too (UCX asks
+    /// for 106, DSCP 26). The ECN bits are the engine's (see
+    /// `Core::template`).
+    pub traffic_class: u8,
 }
 
 impl Path {
@@ -84,6 +89,8 @@ impl Path {
             }),
             _ => return Err(DeviceError::MixedFamilies),
         };
+        let mut ip = ip;
+        ip.set_traffic_class(self.traffic_class);
         Ok(RoceRepr {
             eth: EthernetRepr {
                 dst: self.peer_mac,

@@ -347,6 +347,7 @@ fn afxdp(o: &Options) -> Result<Option<Record>> {
                 local_ip: hostnet::local_addr_for(&o.iface, ip)?,
                 peer_ip: ip,
                 vlan: None,
+                traffic_class: 0,
             };
             let frame = raw_frame(&path, o.size, 1)?;
             let chain = o.tx == TxMode::Chain && !ping;
@@ -454,6 +455,7 @@ pub fn engine_pps(writes: u64, framing: bool) -> Result<(f64, f64)> {
             local_ip: Ipv4Addr::new(10, 0, 0, 1).into(),
             peer_ip: Ipv4Addr::new(10, 0, 0, 2).into(),
             vlan: None,
+            traffic_class: 0,
         };
         Ok((q, mem, path.template(qpn, rqpn)?))
     };

@@ -510,6 +510,7 @@ pub fn run(o: Options) -> Result<Vec<Record>> {
                 local_ip,
                 peer_ip,
                 vlan: None,
+                traffic_class: 0,
             },
             &Connect {
                 max_rd_atomic: k.out_reads.clamp(1, 16) as u8,

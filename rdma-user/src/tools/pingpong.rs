@@ -173,6 +173,7 @@ pub fn run(o: Options) -> Result<()> {
         local_ip,
         peer_ip,
         vlan: None,
+        traffic_class: 0,
     };
     dev.dp
         .core

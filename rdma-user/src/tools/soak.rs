@@ -298,6 +298,7 @@ pub(crate) fn path_to(dev: &Standalone, local_ip: IpAddr, peer_ip: IpAddr) -> Re
         local_ip,
         peer_ip,
         vlan: None,
+        traffic_class: 0,
     })
 }
 

@@ -90,6 +90,7 @@ pub fn connect_with(
         local_ip: ip(last.0),
         peer_ip: ip(last.1),
         vlan: None,
+        traffic_class: 0,
     };
     let mut c = Connect {
         max_rd_atomic: 4,

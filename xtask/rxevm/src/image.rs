@@ -8,9 +8,10 @@
 //!   the modules the guest loads.
 //! - User space: Debian's dynamic busybox as init and shell, and the
 //!   binaries of rdma-core (libibverbs, librdmacm, the rxe provider),
-//!   ibverbs-utils, rdmacm-utils, perftest, qperf, iproute2, tcpdump and
-//!   qemu-guest-agent with every library `ldd` names, copied from the
-//!   packages installed on the host.
+//!   ibverbs-utils, rdmacm-utils, perftest, qperf, UCX's `ucx_perftest`
+//!   (with its verbs transports), iproute2, tcpdump and qemu-guest-agent
+//!   with every library `ldd` names, copied from the packages installed on
+//!   the host.
 //!
 //! All of it goes into one initramfs (a RAM disk: nothing persists between
 //! boots). The stamp covers the package versions, the module list and the
@@ -37,7 +38,7 @@ const KERNEL_META: &str = "linux-image-6.12-amd64";
 
 /// Installed on the host: the guest's binaries are copied from these, and
 /// the host needs depmod (kmod), xz and tcpdump itself.
-const HOST_PKGS: [&str; 9] = [
+const HOST_PKGS: [&str; 10] = [
     "kmod",
     "xz-utils",
     "iproute2",
@@ -47,25 +48,29 @@ const HOST_PKGS: [&str; 9] = [
     "rdmacm-utils",
     "perftest",
     "qperf",
+    "ucx-utils",
 ];
 
 /// Every program these packages put in a bin directory goes into the guest.
 const GUEST_TOOL_PKGS: [&str; 3] = ["ibverbs-utils", "rdmacm-utils", "perftest"];
 
 /// And these single programs, found in their package's file list.
-const GUEST_PROGRAMS: [(&str, &str); 5] = [
+const GUEST_PROGRAMS: [(&str, &str); 6] = [
     ("iproute2", "ip"),
     ("iproute2", "rdma"),
     ("iproute2", "ss"),
     ("tcpdump", "tcpdump"),
     ("qperf", "qperf"),
+    ("ucx-utils", "ucx_perftest"),
 ];
 
 /// Libraries programs open at run time, which `ldd` cannot see: the rxe
-/// verbs provider, and libgcc_s that glibc loads for pthread_cancel (rping).
-const GUEST_DLOPENED: [&str; 2] = [
+/// verbs provider, libgcc_s that glibc loads for pthread_cancel (rping),
+/// and UCX's verbs transports (its modules beside libucs).
+const GUEST_DLOPENED: [&str; 3] = [
     "/usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so",
     "/usr/lib/x86_64-linux-gnu/libgcc_s.so.1",
+    "/usr/lib/x86_64-linux-gnu/ucx/libuct_ib.so.0",
 ];
 
 /// Unpacked into `CACHE/qemu`. ipxe-qemu is left out: the NIC is started

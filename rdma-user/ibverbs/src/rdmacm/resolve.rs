@@ -176,6 +176,7 @@ pub unsafe extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, timeout_ms: c_i
                         local_ip: src.ip(),
                         peer_ip: dst.ip(),
                         vlan: None,
+                        traffic_class: 0,
                     };
                     if let Ok(net) = path.template(1, 1) {
                         cm.devs[dev].routes.insert(dst.ip(), net);

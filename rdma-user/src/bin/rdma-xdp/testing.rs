@@ -91,6 +91,7 @@ pub fn hostile(h: HostileArgs) -> Result<()> {
         local_ip: h.src_ip,
         peer_ip: h.dst_ip,
         vlan: None,
+        traffic_class: 0,
     };
     let mut g = Generator::new(
         Target {
@@ -246,6 +247,7 @@ pub fn verbs_demo(a: &str, b: &str, pooled_twice: bool) -> Result<()> {
         local_ip,
         peer_ip,
         vlan: None,
+        traffic_class: 0,
     };
     let (psn_a, psn_b) = (0x1234, 0xabcdef);
     qa.connect(

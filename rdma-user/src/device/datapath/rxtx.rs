@@ -29,6 +29,7 @@ fn reply_headers(r: &RoceRepr) -> Option<RoceRepr> {
         local_ip,
         peer_ip,
         vlan: r.eth.vlan_tci,
+        traffic_class: 0,
     };
     let mut net = path.template(0, 0).ok()?;
     net.udp.src_port = r.udp.src_port;
