@@ -73,7 +73,7 @@ impl Path {
     /// Network headers for a QP pair, as rxe builds them: DF, TTL/hop limit
     /// 64, UDP checksum 0, source port from the QPNs.
     pub fn template(&self, lqpn: u32, rqpn: u32) -> Result<RoceRepr> {
-        let ip = match (self.local_ip, self.peer_ip) {
+        let mut ip = match (self.local_ip, self.peer_ip) {
             (IpAddr::V4(l), IpAddr::V4(p)) => IpRepr::V4(Ipv4Repr {
                 src: l.octets(),
                 dst: p.octets(),
@@ -89,7 +89,6 @@ impl Path {
             }),
             _ => return Err(DeviceError::MixedFamilies),
         };
-        let mut ip = ip;
         ip.set_traffic_class(self.traffic_class);
         Ok(RoceRepr {
             eth: EthernetRepr {
@@ -211,9 +210,6 @@ pub struct Core {
     /// The last `build_frame` left a QP's packets to DCQCN's pacing (its
     /// deadline is among the timers).
     tx_paced: bool,
-    /// The order in which frames built now take a QP's packets: see
-    /// [`Turn`].
-    tx_order: TxOrder,
     qp_order: Vec<u32>,
     /// Rung by posters and control calls while the thread waits.
     pub doorbell: Option<Arc<Doorbell>>,
@@ -308,7 +304,6 @@ impl Core {
             rng: seed,
             rr: 0,
             tx_paced: false,
-            tx_order: TxOrder::ResponsesFirst,
             qp_order: Vec::new(),
             doorbell: None,
             async_events: None,
@@ -415,7 +410,7 @@ impl DataPath {
             core.lend_idle(now);
         }
         let next = core.handle_timers(now);
-        core.tx_order = match who {
+        let order = match who {
             Turn::Thread => TxOrder::ResponsesFirst,
             Turn::Post => TxOrder::RequestsFirst,
             Turn::Poll { hold_acks } => {
@@ -434,7 +429,7 @@ impl DataPath {
                 }
             }
         };
-        if core.tx_order != TxOrder::RequestsOnly {
+        if order != TxOrder::RequestsOnly {
             self.acks_held = None;
         }
         if let Some(x) = self.xsks.first_mut() {
@@ -448,7 +443,7 @@ impl DataPath {
                         break;
                     }
                 }
-                if !x.send_with(|buf| core.build_frame(now, buf)) {
+                if !x.send_with(|buf| core.build_frame_ordered(now, buf, order)) {
                     emptied = true;
                     break;
                 }
@@ -457,7 +452,6 @@ impl DataPath {
                     break;
                 }
             }
-            core.tx_order = TxOrder::ResponsesFirst;
             core.stats.tx_frames += sent;
             // In copy mode every kick is a sendto that runs the veth transmit
             // and the peer's XDP program on this CPU. When a turn received

@@ -22,6 +22,7 @@ use crate::device::runner::shared_data_path_loop;
 use crate::device::standalone::{Attachment, Standalone};
 use crate::io::xdp::XdpMode;
 use crate::memory::Access;
+use crate::transport::{PostError, QpAttr, QpCap, QpState, QpType, RecvWr, SendWr, Sge, Wc};
 
 /// How long a program's polls hold the ACKs they owe back for its next
 /// post (see [`Turn::Poll`]): an MPI rank over UCX posts its reply 1-3 us
@@ -30,7 +31,6 @@ use crate::memory::Access;
 /// hold, 1.0 and 6.2 us with it, and 4.8 us once the reply went before
 /// the ACK.
 const ACK_HOLD_NS: u64 = 5_000;
-use crate::transport::{PostError, QpAttr, QpCap, QpState, QpType, RecvWr, SendWr, Sge, Wc};
 
 /// What a verbs call can fail with. [`Error::errno`] is what rdma-core's
 /// verbs would return for the same failure.

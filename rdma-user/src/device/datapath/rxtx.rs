@@ -8,7 +8,7 @@ use rdma_common::OpFlags;
 
 use super::xdp_responder;
 use super::{Core, Path, Result};
-use crate::transport::{grh_of, Nanos, QpState, QpType, WcOpcode};
+use crate::transport::{grh_of, Nanos, QpState, QpType, TxOrder, WcOpcode};
 use crate::wire::gid_of;
 use crate::wire::{udp_sport_for_ud, IpRepr, RoceRepr, WireError, ICRC_LEN};
 
@@ -175,6 +175,12 @@ impl Core {
     /// nothing, or `xsk::NEEDS_LARGER` when only QPs whose frames do not
     /// fit `buf` may have something.
     pub fn build_frame(&mut self, now: Nanos, buf: &mut [u8]) -> usize {
+        self.build_frame_ordered(now, buf, TxOrder::ResponsesFirst)
+    }
+
+    /// [`Core::build_frame`], each QP's packets taken in the order `order`
+    /// says (see `datapath::Turn`).
+    pub fn build_frame_ordered(&mut self, now: Nanos, buf: &mut [u8], order: TxOrder) -> usize {
         if let Some(g) = self.gsi.as_deref().filter(|g| g.has_tx()) {
             // The CM's MADs first: few, and a connection waits on each.
             match g.build_frame(buf) {
@@ -212,9 +218,9 @@ impl Core {
                 too_small = true;
                 continue;
             }
-            if let Some(tx) =
-                slot.qp
-                    .poll_transmit_ordered(now, &self.mem, &mut buf[hl..], self.tx_order)
+            if let Some(tx) = slot
+                .qp
+                .poll_transmit_ordered(now, &self.mem, &mut buf[hl..], order)
             {
                 let net = match tx.ah {
                     None => slot.net.as_mut(),

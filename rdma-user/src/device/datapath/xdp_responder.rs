@@ -112,9 +112,6 @@ pub(super) struct Lend {
     pub hold_ns: u64,
 }
 
-/// The first hold of a QP whose lend a SEND ended, and the longest: a
-/// QP that takes only SENDs is then handed over a hundred times a second
-/// at most, and one that takes WRITEs again is lent again at once.
 /// How long after a QP's last remote access its frames go on waking the
 /// data path thread (see `Core::frames_can_wait_for_polls`): several of
 /// the longest inline holds, so that a program that waits on memory for a
@@ -122,6 +119,9 @@ pub(super) struct Lend {
 const REMOTE_ACCESS_QUIET_NS: u64 = 10_000_000;
 const _: () = assert!(REMOTE_ACCESS_QUIET_NS >= 3 * crate::device::rings::INLINE_HOLD_MAX_NS);
 
+/// The first hold of a QP whose lend a SEND ended, and the longest: a
+/// QP that takes only SENDs is then handed over a hundred times a second
+/// at most, and one that takes WRITEs again is lent again at once.
 const HOLD_MIN_NS: u64 = 10_000;
 const HOLD_MAX_NS: u64 = 10_000_000;
 
